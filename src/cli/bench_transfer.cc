@@ -1,0 +1,343 @@
+// `ferry bench transfer`: engine throughput and latency, next to the physical
+// reference measured in the same run between the same two processes: a plain
+// TCP stream of the same bytes for tcp, a single-thread memcpy of the same
+// block size for shm.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
+#include <atomic>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <thread>
+#include <vector>
+
+#include "cli/cli.h"
+#include "common/clock.h"
+#include "common/subprocess.h"
+#include "ferry/engine.h"
+
+namespace ferry::cli {
+namespace {
+
+constexpr uint64_t kRefSink = 1, kRefSource = 2;
+
+bool WriteAll(int fd, const void* p, size_t n) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    ssize_t w = send(fd, c, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    c += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+bool ReadAll(int fd, void* p, size_t n) {
+  char* c = static_cast<char*>(p);
+  while (n > 0) {
+    ssize_t r = recv(fd, c, n, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    c += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+// The target's side of the raw reference: one stream at a time. A command is
+// {mode u64, total u64, block u64}; a sink answers one byte after `total`.
+void ServeReference(int lfd) {
+  for (;;) {
+    int fd = accept(lfd, nullptr, nullptr);
+    if (fd < 0) return;
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    uint64_t cmd[3];
+    if (ReadAll(fd, cmd, sizeof(cmd)) && cmd[2] > 0 && cmd[2] <= (1ull << 30)) {
+      std::vector<char> buf(cmd[2], 1);
+      uint64_t left = cmd[1];
+      bool ok = true;
+      while (ok && left > 0) {
+        size_t n = std::min<uint64_t>(left, buf.size());
+        ok = cmd[0] == kRefSink ? ReadAll(fd, buf.data(), n) : WriteAll(fd, buf.data(), n);
+        left -= n;
+      }
+      char done = 1;
+      if (ok && cmd[0] == kRefSink) WriteAll(fd, &done, 1);
+    }
+    close(fd);
+  }
+}
+
+// Streams `total` bytes in `block`-sized sends (write) or receives (read).
+double ReferenceTcp(const std::string& host, uint16_t port, bool write, uint64_t total,
+                    uint64_t block) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  inet_pton(AF_INET, host.c_str(), &a.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return 0;
+  }
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  block = std::min<uint64_t>(block, 1ull << 30);
+  uint64_t cmd[3] = {write ? kRefSink : kRefSource, total, block};
+  std::vector<char> buf(block, 2);
+  auto t0 = Clock::now();
+  bool ok = WriteAll(fd, cmd, sizeof(cmd));
+  uint64_t left = total;
+  while (ok && left > 0) {
+    size_t n = std::min<uint64_t>(left, block);
+    ok = write ? WriteAll(fd, buf.data(), n) : ReadAll(fd, buf.data(), n);
+    left -= n;
+  }
+  char done;
+  if (ok && write) ok = ReadAll(fd, &done, 1);
+  double secs = SecondsSince(t0);
+  close(fd);
+  return ok ? static_cast<double>(total) / secs / 1e9 : 0;
+}
+
+double ReferenceMemcpy(uint64_t block, double seconds) {
+  std::vector<char> src(block, 3), dst(block, 0);
+  std::memcpy(dst.data(), src.data(), block);  // fault the pages in first
+  uint64_t bytes = 0;
+  auto t0 = Clock::now();
+  do {
+    std::memcpy(dst.data(), src.data(), block);
+    bytes += block;
+  } while (SecondsSince(t0) < seconds);
+  volatile char sink = dst[block / 2];
+  (void)sink;
+  return static_cast<double>(bytes) / SecondsSince(t0) / 1e9;
+}
+
+double Percentile(std::vector<double>& v, double p) {
+  if (v.empty()) return 0;
+  size_t i = std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())));
+  std::nth_element(v.begin(), v.begin() + static_cast<long>(i), v.end());
+  return v[i];
+}
+
+uint64_t RegionBytes(const BenchArgs& a) {
+  return a.block_size * static_cast<uint64_t>(a.batch_size) * static_cast<uint64_t>(a.threads);
+}
+
+int RunTarget(const BenchArgs& a, uint64_t bytes) {
+  BlockStopSignals();
+  EngineOptions o;
+  o.host = a.host;
+  o.port = a.port;
+  auto engine = Engine::Create(o);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "bench target: %s\n", engine.status().ToString().c_str());
+    return 1;
+  }
+  auto mem = engine.value()->AllocateMemory(bytes);
+  if (!mem.ok()) {
+    std::fprintf(stderr, "bench target: %s\n", mem.status().ToString().c_str());
+    return 1;
+  }
+  int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  inet_pton(AF_INET, a.host.c_str(), &addr.sin_addr);
+  socklen_t len = sizeof(addr);
+  if (bind(lfd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || listen(lfd, 4) != 0 ||
+      getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    std::perror("bench target: reference socket");
+    return 1;
+  }
+  std::thread(ServeReference, lfd).detach();
+  std::printf("TARGET %s %u\n", engine.value()->name().c_str(), ntohs(addr.sin_port));
+  std::fflush(stdout);
+  WaitForStopSignal();
+  shutdown(lfd, SHUT_RDWR);
+  return 0;
+}
+
+int RunInitiator(const BenchArgs& a) {
+  EngineOptions o;
+  o.host = a.host;
+  o.transport = a.transport == "auto" ? "" : a.transport;
+  auto er = Engine::Create(o);
+  if (!er.ok()) {
+    std::fprintf(stderr, "bench initiator: %s\n", er.status().ToString().c_str());
+    return 1;
+  }
+  Engine& e = *er.value();
+  auto seg = e.OpenSegment(a.peer);
+  if (!seg.ok()) {
+    std::fprintf(stderr, "bench initiator: %s\n", seg.status().ToString().c_str());
+    return 1;
+  }
+  auto info = e.GetSegmentInfo(seg.value());
+  const uint64_t per_thread = a.block_size * static_cast<uint64_t>(a.batch_size);
+  if (!info.ok() || info.value().buffers.empty() ||
+      info.value().buffers[0].length < per_thread * static_cast<uint64_t>(a.threads)) {
+    std::fprintf(stderr, "bench initiator: the target exposes no buffer large enough\n");
+    return 1;
+  }
+  const uint64_t remote = info.value().buffers[0].addr;
+  auto local = e.AllocateMemory(per_thread * static_cast<uint64_t>(a.threads));
+  if (!local.ok()) {
+    std::fprintf(stderr, "bench initiator: %s\n", local.status().ToString().c_str());
+    return 1;
+  }
+  char* lbase = static_cast<char*>(local.value());
+  std::memset(lbase, 7, per_thread * static_cast<uint64_t>(a.threads));
+  const Op op = a.op == "write" ? Op::kWrite : Op::kRead;
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> errors{0};
+  std::vector<std::vector<double>> lat(static_cast<size_t>(a.threads));
+  std::vector<uint64_t> moved(static_cast<size_t>(a.threads), 0);
+  std::vector<std::string> kind(static_cast<size_t>(a.threads));
+  std::vector<std::thread> workers;
+  auto t0 = Clock::now();
+  for (int t = 0; t < a.threads; ++t) {
+    workers.emplace_back([&, t] {
+      std::vector<Request> reqs(static_cast<size_t>(a.batch_size));
+      for (int i = 0; i < a.batch_size; ++i) {
+        uint64_t off = static_cast<uint64_t>(t) * per_thread + static_cast<uint64_t>(i) * a.block_size;
+        reqs[static_cast<size_t>(i)] = {op, lbase + off, seg.value(), remote + off, a.block_size};
+      }
+      while (!stop.load(std::memory_order_relaxed)) {
+        auto s0 = Clock::now();
+        auto b = e.Submit(reqs);
+        Status st = b.ok() ? b.value()->Wait(std::chrono::seconds(60)) : b.status();
+        if (!st.ok()) {
+          if (errors.fetch_add(1) == 0) std::fprintf(stderr, "bench: %s\n", st.ToString().c_str());
+          break;
+        }
+        lat[static_cast<size_t>(t)].push_back(SecondsSince(s0) * 1e6);
+        moved[static_cast<size_t>(t)] += per_thread;
+        if (kind[static_cast<size_t>(t)].empty()) {
+          kind[static_cast<size_t>(t)] = TransportName(b.value()->Result(0).transport);
+        }
+      }
+    });
+  }
+  while (SecondsSince(t0) < a.duration && errors.load() == 0) {
+    std::this_thread::sleep_for(Millis(5));
+  }
+  stop = true;
+  for (auto& w : workers) w.join();
+  const double secs = SecondsSince(t0);
+  if (errors.load() > 0) return 1;
+
+  uint64_t total = 0;
+  std::vector<double> all;
+  for (int t = 0; t < a.threads; ++t) {
+    total += moved[static_cast<size_t>(t)];
+    all.insert(all.end(), lat[static_cast<size_t>(t)].begin(), lat[static_cast<size_t>(t)].end());
+  }
+  const double gbps = static_cast<double>(total) / secs / 1e9;
+  const double ops = static_cast<double>(total / a.block_size) / secs;
+  const double p50 = Percentile(all, 0.50), p99 = Percentile(all, 0.99);
+  const std::string served = kind[0];
+
+  std::string ref_name;
+  double ref = 0;
+  if (served == "tcp") {
+    ref_name = "tcp_stream";
+    uint64_t peer_host_end = a.peer.rfind(':');
+    ref = ReferenceTcp(a.peer.substr(0, peer_host_end), a.ref_port, op == Op::kWrite, total,
+                       a.block_size);
+  } else {
+    ref_name = "memcpy";
+    ref = ReferenceMemcpy(a.block_size, std::min(a.duration, 2.0));
+  }
+  const double ratio = ref > 0 ? gbps / ref : 0;
+
+  std::printf("%-9s %-6s %12s %7s %7s %9s %12s %10s %10s %14s %8s\n", "transport", "op",
+              "block", "batch", "threads", "GB/s", "ops/s", "p50_us", "p99_us", "reference GB/s",
+              "ratio");
+  std::printf("%-9s %-6s %12llu %7d %7d %9.3f %12.0f %10.1f %10.1f %14.3f %8.3f\n", served.c_str(),
+              a.op.c_str(), static_cast<unsigned long long>(a.block_size), a.batch_size, a.threads,
+              gbps, ops, p50, p99, ref, ratio);
+  std::printf("(latency is per batch; reference is %s)\n", ref_name.c_str());
+  if (a.json) {
+    nlohmann::json j = {{"transport", served},       {"op", a.op},
+                        {"block_size", a.block_size}, {"batch_size", a.batch_size},
+                        {"threads", a.threads},       {"duration_s", secs},
+                        {"bytes", total},             {"gbps", gbps},
+                        {"ops_per_s", ops},           {"p50_us", p50},
+                        {"p99_us", p99},              {"reference", ref_name},
+                        {"reference_gbps", ref},      {"ratio", ratio}};
+    std::printf("%s\n", j.dump().c_str());
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
+std::vector<std::string> CommonArgs(const BenchArgs& a) {
+  return {"--transport",  a.transport,
+          "--op",         a.op,
+          "--block-size", std::to_string(a.block_size),
+          "--batch-size", std::to_string(a.batch_size),
+          "--threads",    std::to_string(a.threads),
+          "--duration",   std::to_string(a.duration),
+          "--host",       a.host};
+}
+
+int RunBoth(const BenchArgs& a) {
+  const std::string self = SelfExe();
+  std::vector<std::string> targv = {self, "bench", "transfer", "--mode", "target"};
+  for (auto& s : CommonArgs(a)) targv.push_back(s);
+  auto target = Subprocess::Spawn(targv, true);
+  if (!target.ok()) {
+    std::fprintf(stderr, "bench: %s\n", target.status().ToString().c_str());
+    return 1;
+  }
+  auto line = target.value()->ReadLine(std::chrono::seconds(30));
+  char seg[256] = {};
+  unsigned ref_port = 0;
+  if (!line.ok() || std::sscanf(line.value().c_str(), "TARGET %255s %u", seg, &ref_port) != 2) {
+    std::fprintf(stderr, "bench: the target did not start\n");
+    return 1;
+  }
+  std::vector<std::string> iargv = {self, "bench", "transfer", "--mode", "initiator",
+                                    "--peer", seg, "--ref-port", std::to_string(ref_port)};
+  for (auto& s : CommonArgs(a)) iargv.push_back(s);
+  if (a.json) iargv.push_back("--json");
+  auto init = Subprocess::Spawn(iargv, false);
+  if (!init.ok()) {
+    std::fprintf(stderr, "bench: %s\n", init.status().ToString().c_str());
+    return 1;
+  }
+  auto rc = init.value()->Wait(Millis(static_cast<int64_t>(a.duration * 1000) + 600000));
+  (void)target.value()->Signal(SIGTERM);
+  (void)target.value()->Wait(std::chrono::seconds(10));
+  return rc.ok() ? rc.value() : 1;
+}
+
+}  // namespace
+
+int BenchTransfer(const BenchArgs& a) {
+  const uint64_t bytes = RegionBytes(a);
+  if (bytes > (8ull << 30)) {
+    std::fprintf(stderr, "bench: block-size x batch-size x threads must stay under 8 GiB\n");
+    return 2;
+  }
+  if (a.mode == "target") return RunTarget(a, bytes);
+  if (a.mode == "initiator") {
+    if (a.peer.empty() || a.ref_port == 0) {
+      std::fprintf(stderr, "bench: --mode initiator needs --peer and --ref-port\n");
+      return 2;
+    }
+    return RunInitiator(a);
+  }
+  return RunBoth(a);
+}
+
+}  // namespace ferry::cli

@@ -1,0 +1,49 @@
+// Subcommands of the `ferry` command. Each returns the process exit code.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ferry/status.h"
+
+namespace ferry::cli {
+
+struct ServeArgs {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;
+  std::string transport;
+  uint64_t alloc_bytes = 64 << 20;  // engine-allocated (memfd) memory
+  uint64_t heap_bytes = 0;          // plain heap memory, registered
+};
+int Serve(const ServeArgs& args);
+
+struct BenchArgs {
+  std::string mode;  // "", "target" or "initiator"
+  std::string transport = "tcp";
+  std::string op = "write";
+  uint64_t block_size = 1 << 20;
+  int batch_size = 16;
+  int threads = 1;
+  double duration = 3.0;
+  bool json = false;
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;
+  std::string peer;       // initiator: the target's segment name
+  uint16_t ref_port = 0;  // initiator: the target's raw reference socket
+};
+int BenchTransfer(const BenchArgs& args);
+
+struct DemoArgs {
+  uint64_t bytes = 1ull << 30;  // per transport
+  uint64_t buffer = 256ull << 20;
+};
+int Demo(const DemoArgs& args);
+
+// "4096", "64KiB", "1MiB", "2GiB", "1G" (binary multiples).
+Result<uint64_t> ParseSize(const std::string& s);
+
+// Blocks SIGINT and SIGTERM in every thread started after it, then waits for one.
+void BlockStopSignals();
+int WaitForStopSignal();
+
+}  // namespace ferry::cli

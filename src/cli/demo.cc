@@ -1,0 +1,137 @@
+// `ferry demo`: starts a peer process and moves data through every transport,
+// verifying each byte. Needs no server or configuration.
+#include <csignal>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "cli/cli.h"
+#include "common/clock.h"
+#include "common/subprocess.h"
+#include "ferry/engine.h"
+
+namespace ferry::cli {
+namespace {
+
+void Fill(char* p, uint64_t n, uint64_t seed) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  uint64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    std::memcpy(p + i, &x, 8);
+  }
+  for (; i < n; ++i) p[i] = static_cast<char>(x >> (8 * (i % 8)));
+}
+
+struct Moved {
+  double write_gbps = 0;
+  double read_gbps = 0;
+};
+
+// Writes `total` bytes to the peer in batches of 64 MiB requests, reads them
+// back, and compares every byte.
+Result<Moved> RoundTrips(Engine& e, SegmentId seg, uint64_t remote, uint64_t buffer,
+                         uint64_t total, TransportKind expect) {
+  std::vector<char> src(buffer), dst(buffer);
+  const uint64_t block = std::min<uint64_t>(buffer, 64ull << 20);
+  Moved m;
+  double wsecs = 0, rsecs = 0;
+  uint64_t moved = 0;
+  for (uint64_t round = 0; moved < total; ++round) {
+    Fill(src.data(), buffer, round + 1);
+    std::memset(dst.data(), 0, buffer);
+    for (Op op : {Op::kWrite, Op::kRead}) {
+      std::vector<Request> reqs;
+      for (uint64_t off = 0; off < buffer; off += block) {
+        char* local = (op == Op::kWrite ? src.data() : dst.data()) + off;
+        reqs.push_back({op, local, seg, remote + off, std::min(block, buffer - off)});
+      }
+      auto t0 = Clock::now();
+      auto b = e.Submit(reqs);
+      if (!b.ok()) return b.status();
+      FERRY_RETURN_IF_ERROR(b.value()->Wait(std::chrono::seconds(120)));
+      (op == Op::kWrite ? wsecs : rsecs) += SecondsSince(t0);
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        if (b.value()->Result(i).transport != expect) {
+          return Status(StatusCode::kInternal,
+                        "served by " + std::string(TransportName(b.value()->Result(i).transport)));
+        }
+      }
+    }
+    if (std::memcmp(src.data(), dst.data(), buffer) != 0) {
+      return Status(StatusCode::kInternal, "read-back differs in round " + std::to_string(round));
+    }
+    moved += buffer;
+  }
+  m.write_gbps = static_cast<double>(moved) / wsecs / 1e9;
+  m.read_gbps = static_cast<double>(moved) / rsecs / 1e9;
+  return m;
+}
+
+}  // namespace
+
+int Demo(const DemoArgs& args) {
+  std::printf("ferry demo: a peer process, %llu MiB written and read back per transport\n",
+              static_cast<unsigned long long>(args.bytes >> 20));
+  auto peer = Subprocess::Spawn(
+      {SelfExe(), "serve", "--alloc", std::to_string(args.buffer) + "B"}, true);
+  if (!peer.ok()) {
+    std::fprintf(stderr, "demo: %s\n", peer.status().ToString().c_str());
+    return 1;
+  }
+  auto line = peer.value()->ReadLine(std::chrono::seconds(30));
+  if (!line.ok()) {
+    std::fprintf(stderr, "demo: the peer did not start: %s\n", line.status().ToString().c_str());
+    return 1;
+  }
+  auto j = nlohmann::json::parse(line.value(), nullptr, false);
+  if (j.is_discarded() || !j.contains("alloc")) {
+    std::fprintf(stderr, "demo: unexpected peer output: %s\n", line.value().c_str());
+    return 1;
+  }
+  const std::string peer_name = j["segment"];
+  const uint64_t peer_buf = j["alloc"]["addr"];
+
+  struct Case {
+    const char* transport;
+    TransportKind kind;
+  };
+  int failures = 0;
+  for (Case c : {Case{"tcp", TransportKind::kTcp}, Case{"shm", TransportKind::kShm},
+                 Case{"local", TransportKind::kLocal}}) {
+    EngineOptions o;
+    o.transport = c.kind == TransportKind::kLocal ? "" : c.transport;
+    auto e = Engine::Create(o);
+    if (!e.ok()) {
+      std::fprintf(stderr, "demo: %s\n", e.status().ToString().c_str());
+      return 1;
+    }
+    std::string name = peer_name;
+    uint64_t remote = peer_buf;
+    if (c.kind == TransportKind::kLocal) {
+      auto mem = e.value()->AllocateMemory(args.buffer);
+      if (!mem.ok()) return 1;
+      name = e.value()->name();
+      remote = reinterpret_cast<uint64_t>(mem.value());
+    }
+    auto seg = e.value()->OpenSegment(name);
+    Result<Moved> r = seg.ok() ? RoundTrips(*e.value(), seg.value(), remote, args.buffer,
+                                            args.bytes, c.kind)
+                               : Result<Moved>(seg.status());
+    if (r.ok()) {
+      std::printf("  %-5s  write %6.2f GB/s  read %6.2f GB/s  every byte verified\n", c.transport,
+                  r.value().write_gbps, r.value().read_gbps);
+    } else {
+      ++failures;
+      std::printf("  %-5s  FAILED: %s\n", c.transport, r.status().ToString().c_str());
+    }
+  }
+  (void)peer.value()->Signal(SIGTERM);
+  (void)peer.value()->Wait(std::chrono::seconds(10));
+  std::printf(failures == 0 ? "demo: OK\n" : "demo: FAILED\n");
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace ferry::cli

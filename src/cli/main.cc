@@ -1,0 +1,124 @@
+// The `ferry` command.
+#include <CLI/CLI.hpp>
+#include <csignal>
+#include <iostream>
+
+#include "cli/cli.h"
+
+namespace ferry::cli {
+
+Result<uint64_t> ParseSize(const std::string& s) {
+  size_t pos = 0;
+  uint64_t v = 0;
+  try {
+    v = std::stoull(s, &pos);
+  } catch (const std::exception&) {
+    return Status(StatusCode::kInvalidArgument, "bad size '" + s + "'");
+  }
+  std::string unit = s.substr(pos);
+  uint64_t mul = 1;
+  if (unit == "" || unit == "B") mul = 1;
+  else if (unit == "K" || unit == "KiB" || unit == "k") mul = 1ull << 10;
+  else if (unit == "M" || unit == "MiB") mul = 1ull << 20;
+  else if (unit == "G" || unit == "GiB") mul = 1ull << 30;
+  else return Status(StatusCode::kInvalidArgument, "bad size unit in '" + s + "'");
+  return v * mul;
+}
+
+void BlockStopSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+int WaitForStopSignal() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  int sig = 0;
+  sigwait(&set, &sig);
+  return sig;
+}
+
+}  // namespace ferry::cli
+
+namespace {
+
+// Validates a size option given as text.
+bool SizeOption(const std::string& text, uint64_t* out, const char* flag) {
+  auto r = ferry::cli::ParseSize(text);
+  if (!r.ok()) {
+    std::cerr << "ferry: " << flag << ": " << r.status().ToString() << "\n";
+    return false;
+  }
+  *out = r.value();
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace ferry::cli;
+  CLI::App app{"Ferry: moves KV cache and tensors between processes, hosts and GPUs"};
+  app.require_subcommand(1);
+
+  ServeArgs serve;
+  std::string serve_alloc = "64MiB", serve_heap = "0";
+  auto* s = app.add_subcommand("serve", "Run an engine that exposes memory until SIGTERM");
+  s->add_option("--host", serve.host, "Address to listen on");
+  s->add_option("--port", serve.port, "Port (0 picks one)");
+  s->add_option("--transport", serve.transport, "Force tcp or shm");
+  s->add_option("--alloc", serve_alloc, "Engine-allocated (memfd) bytes to expose");
+  s->add_option("--heap", serve_heap, "Heap bytes to register and expose");
+
+  auto* bench = app.add_subcommand("bench", "Benchmarks");
+  bench->require_subcommand(1);
+  BenchArgs b;
+  std::string block = "1MiB";
+  auto* bt = bench->add_subcommand("transfer", "Engine throughput against its physical reference");
+  bt->add_option("--mode", b.mode, "target|initiator; default spawns both on loopback")
+      ->check(CLI::IsMember({"target", "initiator"}));
+  bt->add_option("--transport", b.transport, "tcp|shm|auto")
+      ->check(CLI::IsMember({"tcp", "shm", "auto"}));
+  bt->add_option("--op", b.op, "write|read")->check(CLI::IsMember({"write", "read"}));
+  bt->add_option("--block-size", block, "Bytes per request (e.g. 65536, 1MiB)");
+  bt->add_option("--batch-size", b.batch_size, "Requests per batch")->check(CLI::Range(1, 65536));
+  bt->add_option("--threads", b.threads, "Submitting threads")->check(CLI::Range(1, 64));
+  bt->add_option("--duration", b.duration, "Seconds of engine traffic")->check(CLI::Range(0.1, 3600.0));
+  bt->add_flag("--json", b.json, "End with one JSON line");
+  bt->add_option("--host", b.host, "target: address to listen on");
+  bt->add_option("--port", b.port, "target: port (0 picks one)");
+  bt->add_option("--peer", b.peer, "initiator: the target's segment, host:port");
+  bt->add_option("--ref-port", b.ref_port, "initiator: the target's reference socket port");
+
+  DemoArgs d;
+  std::string demo_bytes = "1GiB";
+  auto* demo = app.add_subcommand("demo", "Move and verify data through every transport");
+  demo->add_option("--bytes", demo_bytes, "Bytes to write, and read back, per transport");
+
+  CLI11_PARSE(app, argc, argv);
+
+  if (s->parsed()) {
+    if (!SizeOption(serve_alloc, &serve.alloc_bytes, "--alloc") ||
+        !SizeOption(serve_heap, &serve.heap_bytes, "--heap")) {
+      return 2;
+    }
+    return Serve(serve);
+  }
+  if (bt->parsed()) {
+    if (!SizeOption(block, &b.block_size, "--block-size")) return 2;
+    if (b.block_size == 0) {
+      std::cerr << "ferry: --block-size must be positive\n";
+      return 2;
+    }
+    return BenchTransfer(b);
+  }
+  if (demo->parsed()) {
+    if (!SizeOption(demo_bytes, &d.bytes, "--bytes")) return 2;
+    return Demo(d);
+  }
+  return 2;
+}

@@ -1,0 +1,51 @@
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "cli/cli.h"
+#include "ferry/engine.h"
+
+namespace ferry::cli {
+
+int Serve(const ServeArgs& args) {
+  BlockStopSignals();
+  EngineOptions opts;
+  opts.host = args.host;
+  opts.port = args.port;
+  opts.transport = args.transport;
+  auto engine = Engine::Create(opts);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "ferry serve: %s\n", engine.status().ToString().c_str());
+    return 1;
+  }
+  Engine& e = *engine.value();
+  nlohmann::json out = {{"segment", e.name()}, {"epoch", e.epoch()}, {"pid", getpid()}};
+  if (args.alloc_bytes > 0) {
+    auto p = e.AllocateMemory(args.alloc_bytes);
+    if (!p.ok()) {
+      std::fprintf(stderr, "ferry serve: %s\n", p.status().ToString().c_str());
+      return 1;
+    }
+    out["alloc"] = {{"addr", reinterpret_cast<uint64_t>(p.value())}, {"length", args.alloc_bytes}};
+  }
+  void* heap = nullptr;
+  if (args.heap_bytes > 0) {
+    heap = std::calloc(1, args.heap_bytes);
+    Status st = heap ? e.RegisterMemory(heap, args.heap_bytes)
+                     : Status(StatusCode::kResourceExhausted, "heap allocation failed");
+    if (!st.ok()) {
+      std::fprintf(stderr, "ferry serve: %s\n", st.ToString().c_str());
+      return 1;
+    }
+    out["heap"] = {{"addr", reinterpret_cast<uint64_t>(heap)}, {"length", args.heap_bytes}};
+  }
+  std::printf("%s\n", out.dump().c_str());
+  std::fflush(stdout);
+  WaitForStopSignal();
+  engine.value().reset();
+  std::free(heap);
+  return 0;
+}
+
+}  // namespace ferry::cli

@@ -1,0 +1,24 @@
+#include "common/env.h"
+
+#include <charconv>
+#include <cstdlib>
+#include <cstring>
+
+namespace ferry::env {
+
+std::optional<std::string> Get(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+int64_t GetInt(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return fallback;
+  int64_t out = 0;
+  auto [ptr, ec] = std::from_chars(v, v + std::strlen(v), out);
+  if (ec != std::errc() || *ptr != '\0') return fallback;
+  return out;
+}
+
+}  // namespace ferry::env

@@ -1,0 +1,15 @@
+// Configuration knobs read from the environment. Each knob is declared next to
+// its user with its variable name, default and a line of doc.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace ferry::env {
+
+std::optional<std::string> Get(const char* name);
+// The integer value of `name`, or `fallback` when unset or not a number.
+int64_t GetInt(const char* name, int64_t fallback);
+
+}  // namespace ferry::env

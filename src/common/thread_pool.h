@@ -1,0 +1,34 @@
+// A fixed pool of worker threads draining one FIFO of jobs. Used for the copy
+// work of the shm and local transports, so Submit never copies on the caller's
+// thread.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace ferry {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int threads);
+  // Runs the jobs still queued, then joins.
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  void Post(std::function<void()> job);
+
+ private:
+  void Loop();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;  // guarded by mu_
+  bool stopping_ = false;                   // guarded by mu_
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace ferry

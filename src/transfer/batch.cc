@@ -1,0 +1,88 @@
+#include "transfer/batch.h"
+
+namespace ferry {
+
+BatchState::BatchState(size_t requests) : requests_(requests) {}
+
+void BatchState::Plan(size_t index, uint32_t tasks, TransportKind transport) {
+  std::lock_guard lk(mu_);
+  Req& r = requests_[index];
+  r.tasks_left = tasks;
+  r.transport = transport;
+  tasks_outstanding_ += tasks;
+}
+
+void BatchState::FinishLocked(Req& r) {
+  r.done = true;
+  if (r.status.ok()) {
+    ++succeeded_;
+  } else {
+    ++failed_;
+    if (first_error_.ok()) first_error_ = r.status;
+  }
+}
+
+void BatchState::FailRequest(size_t index, Status status) {
+  {
+    std::lock_guard lk(mu_);
+    Req& r = requests_[index];
+    r.status = std::move(status);
+    FinishLocked(r);
+  }
+  cv_.notify_all();
+}
+
+void BatchState::TaskDone(size_t index, const Status& status) {
+  {
+    std::lock_guard lk(mu_);
+    Req& r = requests_[index];
+    if (!status.ok() && r.status.ok()) r.status = status;
+    --tasks_outstanding_;
+    if (--r.tasks_left == 0) FinishLocked(r);
+  }
+  cv_.notify_all();
+}
+
+BatchStatus BatchState::Poll() const {
+  std::lock_guard lk(mu_);
+  BatchStatus s;
+  s.total = requests_.size();
+  s.succeeded = succeeded_;
+  s.failed = failed_;
+  s.first_error = first_error_;
+  return s;
+}
+
+RequestResult BatchState::Result(size_t index) const {
+  std::lock_guard lk(mu_);
+  if (index >= requests_.size()) {
+    return {true, Status(StatusCode::kOutOfRange, "request index past the batch"),
+            TransportKind::kNone};
+  }
+  const Req& r = requests_[index];
+  return {r.done, r.status, r.transport};
+}
+
+bool BatchState::WaitDone(Deadline deadline) {
+  std::unique_lock lk(mu_);
+  return cv_.wait_until(lk, deadline.at(),
+                        [&] { return succeeded_ + failed_ == requests_.size(); });
+}
+
+bool BatchState::WaitQuiescent(Deadline deadline) {
+  std::unique_lock lk(mu_);
+  return cv_.wait_until(lk, deadline.at(), [&] { return tasks_outstanding_ == 0; });
+}
+
+void BatchState::NoteDeadline(Deadline d) {
+  std::lock_guard lk(mu_);
+  if (!has_latest_ || d.at() > latest_.at()) latest_ = d;
+  has_latest_ = true;
+}
+
+Deadline BatchState::latest_deadline() const {
+  std::lock_guard lk(mu_);
+  return latest_;
+}
+
+}  // namespace ferry

@@ -1,0 +1,76 @@
+// Batch bookkeeping shared by the engine and its transports. A request is cut
+// into tasks; each task is completed exactly once, by whichever transport took
+// it. The state outlives the user's Batch handle while transports hold tasks.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "common/clock.h"
+#include "ferry/engine.h"
+
+namespace ferry {
+
+class BatchState {
+ public:
+  explicit BatchState(size_t requests);
+
+  // Before any task of request `index` is posted: how many there will be.
+  void Plan(size_t index, uint32_t tasks, TransportKind transport);
+  // Fails a request that will get no task.
+  void FailRequest(size_t index, Status status);
+  // One call per planned task. The first error of a request wins.
+  void TaskDone(size_t index, const Status& status);
+
+  size_t size() const { return requests_.size(); }
+  BatchStatus Poll() const;
+  RequestResult Result(size_t index) const;
+  // True once every request is done, false at the deadline.
+  bool WaitDone(Deadline deadline);
+  // Marks the batch cancelled: tasks not started yet complete as Cancelled.
+  void Cancel() { cancelled_.store(true, std::memory_order_release); }
+  bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
+  // Blocks until no task is held by a transport, i.e. no buffer is touched.
+  bool WaitQuiescent(Deadline deadline);
+  // The latest deadline of any planned task, bounding WaitQuiescent.
+  void NoteDeadline(Deadline d);
+  Deadline latest_deadline() const;
+
+ private:
+  struct Req {
+    uint32_t tasks_left = 0;
+    bool done = false;
+    Status status;
+    TransportKind transport = TransportKind::kNone;
+  };
+  void FinishLocked(Req& r);
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Req> requests_;     // guarded by mu_
+  size_t succeeded_ = 0;          // guarded by mu_
+  size_t failed_ = 0;             // guarded by mu_
+  size_t tasks_outstanding_ = 0;  // guarded by mu_
+  Status first_error_;            // guarded by mu_
+  Deadline latest_;               // guarded by mu_
+  bool has_latest_ = false;       // guarded by mu_
+  std::atomic<bool> cancelled_{false};
+};
+
+// The unit a transport moves: a slice of one request.
+struct Task {
+  Op op = Op::kRead;
+  char* local = nullptr;
+  uint64_t remote = 0;
+  uint64_t length = 0;
+  uint32_t index = 0;  // request index within the batch
+  Deadline deadline;
+  std::shared_ptr<BatchState> batch;
+
+  void Done(const Status& s) const { batch->TaskDone(index, s); }
+};
+
+}  // namespace ferry

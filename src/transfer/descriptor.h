@@ -1,0 +1,39 @@
+// A segment descriptor: what a peer needs to reach this process's memory.
+// Fetched over the listener (p2p metadata) and cached by the peer until the
+// epoch changes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ferry/status.h"
+
+namespace ferry {
+
+struct RegionDesc {
+  uint64_t addr = 0;
+  uint64_t length = 0;
+  int32_t memfd = -1;  // the owner's fd number; same-host peers open /proc/<pid>/fd/<n>
+};
+
+struct SegmentDescriptor {
+  uint64_t epoch = 0;       // random per process start, never 0
+  std::string host_id;      // see HostIdentity()
+  uint32_t pid = 0;
+  std::vector<std::string> transports;  // what the owner serves, e.g. "tcp", "shm"
+  std::vector<RegionDesc> regions;      // sorted by addr, non-overlapping
+
+  // The region holding [addr, addr+length) whole, or nullptr.
+  const RegionDesc* Find(uint64_t addr, uint64_t length) const;
+  bool Offers(const std::string& transport) const;
+};
+
+inline constexpr size_t kMaxDescriptorBytes = 4 << 20;
+inline constexpr size_t kMaxDescriptorRegions = 1 << 16;
+
+std::vector<uint8_t> EncodeDescriptor(const SegmentDescriptor& d);
+// ProtocolError for truncated, oversized, unsorted or overlapping input.
+Result<SegmentDescriptor> DecodeDescriptor(const uint8_t* data, size_t size);
+
+}  // namespace ferry

@@ -1,0 +1,485 @@
+#include "ferry/engine.h"
+
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <optional>
+#include <asio.hpp>
+#include <random>
+#include <thread>
+#include <unordered_map>
+
+#include "common/env.h"
+#include "common/host.h"
+#include "common/log.h"
+#include "common/thread_pool.h"
+#include "transfer/batch.h"
+#include "transfer/listener.h"
+#include "transfer/memory_registry.h"
+#include "transfer/metadata.h"
+#include "transfer/segment.h"
+#include "transfer/transport.h"
+
+namespace ferry {
+
+std::string_view TransportName(TransportKind kind) {
+  switch (kind) {
+    case TransportKind::kNone: return "none";
+    case TransportKind::kLocal: return "local";
+    case TransportKind::kShm: return "shm";
+    case TransportKind::kTcp: return "tcp";
+  }
+  return "unknown";
+}
+
+// ---- transport registry ----
+
+namespace {
+std::vector<TransportRegistration>& Registry() {
+  static std::vector<TransportRegistration> r;
+  return r;
+}
+}  // namespace
+
+bool RegisterTransport(const char* name, TransportFactory factory) {
+  Registry().push_back({name, factory});
+  return true;
+}
+
+std::vector<TransportRegistration> RegisteredTransports() { return Registry(); }
+
+// ---- Batch ----
+
+Batch::Batch(std::shared_ptr<BatchState> state) : state_(std::move(state)) {}
+
+Batch::~Batch() {
+  state_->Cancel();
+  // Bounded: every held task has a deadline that its transport enforces.
+  Deadline limit(state_->latest_deadline().at() + std::chrono::seconds(5));
+  if (!state_->WaitQuiescent(limit)) {
+    FERRY_LOG_ERROR("batch freed while a transport still held its tasks past their deadline");
+  }
+}
+
+size_t Batch::size() const { return state_->size(); }
+BatchStatus Batch::Poll() const { return state_->Poll(); }
+RequestResult Batch::Result(size_t index) const { return state_->Result(index); }
+
+Status Batch::Wait(std::chrono::milliseconds timeout) {
+  if (!state_->WaitDone(Deadline::After(timeout))) {
+    return Status(StatusCode::kTimeout, "batch not done within " +
+                                            std::to_string(timeout.count()) + " ms");
+  }
+  return state_->Poll().first_error;
+}
+
+// ---- Engine ----
+
+class Engine::Impl {
+ public:
+  explicit Impl(EngineOptions o) : options_(std::move(o)) {}
+
+  ~Impl() {
+    if (listener_) listener_->Stop();
+    std::vector<std::shared_ptr<Endpoint>> eps;
+    {
+      std::lock_guard lk(segments_mu_);
+      for (auto& [id, seg] : segments_) {
+        std::lock_guard elk(seg->endpoints_mu);
+        for (auto& [t, ep] : seg->endpoints) eps.push_back(ep);
+        seg->endpoints.clear();
+      }
+      segments_.clear();
+    }
+    for (auto& ep : eps) ep->Close();
+    eps.clear();
+    transports_.clear();
+    // Let the io threads run the close handlers, then stop them.
+    work_.reset();
+    Deadline idle = Deadline::After(std::chrono::seconds(2));
+    while (!io_.stopped() && !idle.Expired()) std::this_thread::sleep_for(Millis(1));
+    io_.stop();
+    for (auto& t : io_threads_) t.join();
+    listener_.reset();
+    copy_pool_.reset();
+    for (const Region& r : registry_.Snapshot()) {
+      if (r.owned) ReleaseOwned(r);
+    }
+  }
+
+  Status Init() {
+    log::Init();
+    ApplyEnv();
+    if (options_.metadata != "p2p") {
+      return Status(StatusCode::kNotSupported,
+                    "metadata '" + options_.metadata + "' is not supported; use p2p");
+    }
+    if (!options_.transport.empty() && options_.transport != "tcp" &&
+        options_.transport != "shm") {
+      return Status(StatusCode::kInvalidArgument,
+                    "transport must be tcp, shm or empty, not '" + options_.transport + "'");
+    }
+    if (options_.tcp_lanes < 1 || options_.tcp_chunks_in_flight < 1 ||
+        options_.tcp_chunk_bytes < 4096 || options_.tcp_chunk_bytes > (64u << 20)) {
+      return Status(StatusCode::kInvalidArgument, "tcp options out of range");
+    }
+    std::random_device rd;
+    std::mt19937_64 gen((static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+                        static_cast<uint64_t>(Clock::now().time_since_epoch().count()));
+    do {
+      epoch_ = gen();
+    } while (epoch_ == 0);
+    // process_vm_readv from same-host peers needs ptrace permission under Yama.
+    if (options_.transport != "tcp") prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+
+    copy_pool_ = std::make_unique<ThreadPool>(options_.copy_threads);
+    Listener::Config cfg{options_.host, options_.port, epoch_, options_.request_timeout};
+    auto l = Listener::Start(io_, cfg, registry_, [this] { return EncodeDescriptor(Describe()); });
+    if (!l.ok()) return l.status();
+    listener_ = std::move(l).value();
+    name_ = (options_.host.find(':') != std::string::npos ? "[" + options_.host + "]"
+                                                          : options_.host) +
+            ":" + std::to_string(listener_->port());
+
+    ctx_ = std::make_unique<EngineContext>(EngineContext{options_, io_, *copy_pool_, registry_});
+    for (const auto& reg : RegisteredTransports()) transports_.push_back(reg.factory(*ctx_));
+    std::sort(transports_.begin(), transports_.end(),
+              [](const auto& a, const auto& b) { return a->caps().priority < b->caps().priority; });
+    for (int i = 0; i < std::max(1, options_.io_threads); ++i) {
+      io_threads_.emplace_back([this] { io_.run(); });
+    }
+    return Status::Ok();
+  }
+
+  const std::string& name() const { return name_; }
+  uint64_t epoch() const { return epoch_; }
+  Millis request_timeout() const { return options_.request_timeout; }
+
+  SegmentDescriptor Describe() const {
+    SegmentDescriptor d;
+    d.epoch = epoch_;
+    d.host_id = HostIdentity();
+    d.pid = static_cast<uint32_t>(getpid());
+    d.transports = {"tcp"};
+    if (options_.transport != "tcp") d.transports.push_back("shm");
+    for (const Region& r : registry_.Snapshot()) d.regions.push_back({r.addr, r.length, r.memfd});
+    return d;
+  }
+
+  Status RegisterMemory(void* addr, size_t length) {
+    Region r;
+    r.addr = reinterpret_cast<uint64_t>(addr);
+    r.length = length;
+    return registry_.Add(r);
+  }
+
+  Status UnregisterMemory(void* addr) {
+    auto r = registry_.Remove(reinterpret_cast<uint64_t>(addr));
+    if (!r.ok()) return r.status();
+    if (r.value().owned) {
+      // Engine memory goes through FreeMemory; put it back rather than leak it.
+      (void)registry_.Add(r.value());
+      return Status(StatusCode::kInvalidArgument, "memory from AllocateMemory is freed by FreeMemory");
+    }
+    return Status::Ok();
+  }
+
+  Result<void*> AllocateMemory(size_t length) {
+    if (length == 0) return Status(StatusCode::kInvalidArgument, "allocation of zero bytes");
+    int fd = memfd_create("ferry-segment", MFD_CLOEXEC);
+    if (fd < 0) return Status::FromErrno(errno, "memfd_create");
+    if (ftruncate(fd, static_cast<off_t>(length)) != 0) {
+      int err = errno;
+      close(fd);
+      return Status::FromErrno(err, "ftruncate");
+    }
+    void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      int err = errno;
+      close(fd);
+      return Status::FromErrno(err, "mmap");
+    }
+    Region r{reinterpret_cast<uint64_t>(p), length, fd, true};
+    Status st = registry_.Add(r);
+    if (!st.ok()) {
+      ReleaseOwned(r);
+      return st;
+    }
+    return p;
+  }
+
+  Status FreeMemory(void* addr) {
+    auto r = registry_.Remove(reinterpret_cast<uint64_t>(addr));
+    if (!r.ok()) return r.status();
+    if (!r.value().owned) {
+      (void)registry_.Add(r.value());
+      return Status(StatusCode::kInvalidArgument, "memory not from AllocateMemory");
+    }
+    ReleaseOwned(r.value());
+    return Status::Ok();
+  }
+
+  Result<SegmentId> OpenSegment(std::string_view name) {
+    FERRY_ASSIGN_OR_RETURN(SegmentAddress addr, ParseSegmentName(name));
+    bool self = name == name_;
+    std::shared_ptr<const SegmentDescriptor> desc;
+    if (self) {
+      desc = std::make_shared<SegmentDescriptor>(Describe());
+    } else {
+      FERRY_ASSIGN_OR_RETURN(SegmentDescriptor d, FetchDescriptor(addr, options_.connect_timeout));
+      desc = std::make_shared<SegmentDescriptor>(std::move(d));
+    }
+    std::lock_guard lk(segments_mu_);
+    SegmentId id = next_segment_++;
+    auto seg = std::make_shared<Segment>(id, std::string(name), addr.host, addr.port, self);
+    seg->set_descriptor(std::move(desc));
+    segments_[id] = std::move(seg);
+    return id;
+  }
+
+  std::shared_ptr<Segment> FindSegment(SegmentId id) {
+    std::lock_guard lk(segments_mu_);
+    auto it = segments_.find(id);
+    return it == segments_.end() ? nullptr : it->second;
+  }
+
+  // Refetches the descriptor. On an epoch change the endpoints are dropped, so
+  // mappings and connections of the old process are never reused.
+  Status Refresh(Segment& seg) {
+    std::shared_ptr<const SegmentDescriptor> fresh;
+    if (seg.is_self()) {
+      fresh = std::make_shared<SegmentDescriptor>(Describe());
+    } else {
+      auto d = FetchDescriptor({seg.host(), seg.port()}, options_.connect_timeout);
+      if (!d.ok()) {
+        seg.MarkStale();  // try again next time
+        return d.status();
+      }
+      fresh = std::make_shared<SegmentDescriptor>(std::move(d).value());
+    }
+    auto old = seg.descriptor();
+    seg.set_descriptor(fresh);
+    if (old && old->epoch != fresh->epoch) {
+      FERRY_LOG_WARN("segment {} restarted (epoch {:x} -> {:x}); cache refreshed", seg.name(),
+                     old->epoch, fresh->epoch);
+      std::vector<std::shared_ptr<Endpoint>> eps;
+      {
+        std::lock_guard lk(seg.endpoints_mu);
+        for (auto& [t, ep] : seg.endpoints) eps.push_back(ep);
+        seg.endpoints.clear();
+      }
+      for (auto& ep : eps) ep->Close();
+    }
+    return Status::Ok();
+  }
+
+  Result<SegmentInfo> GetSegmentInfo(SegmentId id) {
+    auto seg = FindSegment(id);
+    if (!seg) return Status(StatusCode::kNotFound, "unknown segment " + std::to_string(id));
+    if (seg->TakeStale()) FERRY_RETURN_IF_ERROR(Refresh(*seg));
+    auto d = seg->descriptor();
+    SegmentInfo info;
+    info.name = seg->name();
+    info.epoch = d->epoch;
+    info.same_host = d->host_id == HostIdentity();
+    for (const auto& r : d->regions) info.buffers.push_back({r.addr, r.length, r.memfd >= 0});
+    return info;
+  }
+
+  Status CloseSegment(SegmentId id) {
+    std::shared_ptr<Segment> seg;
+    {
+      std::lock_guard lk(segments_mu_);
+      auto it = segments_.find(id);
+      if (it == segments_.end()) {
+        return Status(StatusCode::kNotFound, "unknown segment " + std::to_string(id));
+      }
+      seg = std::move(it->second);
+      segments_.erase(it);
+    }
+    std::lock_guard lk(seg->endpoints_mu);
+    for (auto& [t, ep] : seg->endpoints) ep->Close();
+    seg->endpoints.clear();
+    return Status::Ok();
+  }
+
+  // The endpoint of the first transport, in priority order, that may serve this
+  // segment. Connect never blocks, so neither does this.
+  Result<std::pair<Transport*, std::shared_ptr<Endpoint>>> Route(
+      const std::shared_ptr<Segment>& seg) {
+    std::lock_guard lk(seg->endpoints_mu);
+    for (auto& t : transports_) {
+      if (!Allowed(*t, *seg) || !t->CanReach(*seg)) continue;
+      auto it = seg->endpoints.find(t.get());
+      if (it != seg->endpoints.end()) return std::make_pair(t.get(), it->second);
+      auto ep = t->Connect(seg);
+      if (!ep.ok()) return ep.status();
+      seg->endpoints[t.get()] = ep.value();
+      return std::make_pair(t.get(), std::move(ep).value());
+    }
+    return Status(StatusCode::kUnavailable, "no transport can reach segment " + seg->name() +
+                                                (forced_.empty() ? "" : " with " + forced_));
+  }
+
+  bool Allowed(const Transport& t, const Segment& seg) const {
+    if (forced_.empty()) return true;
+    // A forced transport applies to remote segments and to our own, so tests
+    // and benchmarks can push loopback traffic through tcp or shm.
+    (void)seg;
+    return forced_ == t.caps().name;
+  }
+
+  Result<std::unique_ptr<Batch>> Submit(std::span<const Request> reqs, Millis timeout) {
+    if (reqs.empty()) return Status(StatusCode::kInvalidArgument, "empty batch");
+    if (timeout.count() <= 0) timeout = options_.request_timeout;
+    std::unordered_map<SegmentId, std::shared_ptr<Segment>> segs;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const Request& r = reqs[i];
+      std::string where = "request " + std::to_string(i) + ": ";
+      if (r.local == nullptr) return Status(StatusCode::kInvalidArgument, where + "null local address");
+      if (r.length == 0) return Status(StatusCode::kInvalidArgument, where + "zero length");
+      if (r.op != Op::kRead && r.op != Op::kWrite) {
+        return Status(StatusCode::kInvalidArgument, where + "unknown op");
+      }
+      if (!segs.count(r.segment)) {
+        auto seg = FindSegment(r.segment);
+        if (!seg) {
+          return Status(StatusCode::kNotFound,
+                        where + "unknown segment " + std::to_string(r.segment));
+        }
+        segs.emplace(r.segment, std::move(seg));
+      }
+    }
+    auto state = std::make_shared<BatchState>(reqs.size());
+    Deadline deadline = Deadline::After(timeout);
+    state->NoteDeadline(deadline);
+
+    // Route every request first, then plan every task, then post: a task that
+    // completes early must never see its request's count unset.
+    struct Route {
+      Status status;
+      Transport* transport = nullptr;
+      std::shared_ptr<Endpoint> ep;
+    };
+    std::unordered_map<SegmentId, Route> routes;
+    for (auto& [id, seg] : segs) {
+      Route rt;
+      if (seg->TakeStale()) rt.status = Refresh(*seg);
+      if (rt.status.ok()) {
+        auto r = this->Route(seg);
+        if (r.ok()) {
+          rt.transport = r.value().first;
+          rt.ep = r.value().second;
+        } else {
+          rt.status = r.status();
+        }
+      }
+      routes.emplace(id, std::move(rt));
+    }
+    std::unordered_map<Endpoint*, std::vector<Task>> posts;
+    std::vector<std::shared_ptr<Endpoint>> keep;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const Request& r = reqs[i];
+      const Route& rt = routes[r.segment];
+      if (!rt.status.ok()) {
+        state->FailRequest(i, rt.status);
+        continue;
+      }
+      const uint64_t slice = rt.transport->caps().max_task_bytes;
+      uint32_t n = static_cast<uint32_t>((r.length + slice - 1) / slice);
+      state->Plan(i, n, rt.transport->caps().kind);
+      auto& v = posts[rt.ep.get()];
+      if (v.empty()) keep.push_back(rt.ep);
+      for (uint64_t off = 0; off < r.length; off += slice) {
+        Task t;
+        t.op = r.op;
+        t.local = static_cast<char*>(r.local) + off;
+        t.remote = r.remote + off;
+        t.length = std::min(slice, r.length - off);
+        t.index = static_cast<uint32_t>(i);
+        t.deadline = deadline;
+        t.batch = state;
+        v.push_back(std::move(t));
+      }
+    }
+    for (auto& ep : keep) ep->Post(std::move(posts[ep.get()]));
+    return std::make_unique<Batch>(std::move(state));
+  }
+
+ private:
+  void ApplyEnv() {
+    if (options_.transport.empty()) {
+      if (auto t = env::Get("FERRY_TRANSPORT")) options_.transport = *t;
+    }
+    if (options_.transport == "auto") options_.transport.clear();
+    forced_ = options_.transport;
+    options_.tcp_lanes = static_cast<int>(env::GetInt("FERRY_TCP_LANES", options_.tcp_lanes));
+    options_.tcp_chunk_bytes =
+        static_cast<uint64_t>(env::GetInt("FERRY_TCP_CHUNK_BYTES", options_.tcp_chunk_bytes));
+    options_.tcp_chunks_in_flight =
+        static_cast<int>(env::GetInt("FERRY_TCP_INFLIGHT", options_.tcp_chunks_in_flight));
+    options_.io_threads = static_cast<int>(env::GetInt("FERRY_IO_THREADS", options_.io_threads));
+    options_.copy_threads =
+        static_cast<int>(env::GetInt("FERRY_COPY_THREADS", options_.copy_threads));
+  }
+
+  static void ReleaseOwned(const Region& r) {
+    munmap(reinterpret_cast<void*>(r.addr), r.length);
+    close(r.memfd);
+  }
+
+  EngineOptions options_;
+  std::string forced_;
+  uint64_t epoch_ = 0;
+  std::string name_;
+  asio::io_context io_;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_{
+      asio::make_work_guard(io_)};
+  std::vector<std::thread> io_threads_;
+  MemoryRegistry registry_;
+  std::unique_ptr<ThreadPool> copy_pool_;
+  std::unique_ptr<Listener> listener_;
+  std::unique_ptr<EngineContext> ctx_;
+  std::vector<std::unique_ptr<Transport>> transports_;
+  std::mutex segments_mu_;
+  std::unordered_map<SegmentId, std::shared_ptr<Segment>> segments_;  // guarded by segments_mu_
+  SegmentId next_segment_ = 1;                                        // guarded by segments_mu_
+};
+
+Result<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
+  auto impl = std::make_unique<Impl>(std::move(options));
+  FERRY_RETURN_IF_ERROR(impl->Init());
+  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Engine::~Engine() = default;
+
+const std::string& Engine::name() const { return impl_->name(); }
+uint64_t Engine::epoch() const { return impl_->epoch(); }
+Status Engine::RegisterMemory(void* addr, size_t length) {
+  return impl_->RegisterMemory(addr, length);
+}
+Status Engine::UnregisterMemory(void* addr) { return impl_->UnregisterMemory(addr); }
+Result<void*> Engine::AllocateMemory(size_t length) { return impl_->AllocateMemory(length); }
+Status Engine::FreeMemory(void* addr) { return impl_->FreeMemory(addr); }
+Result<SegmentId> Engine::OpenSegment(std::string_view name) { return impl_->OpenSegment(name); }
+Result<SegmentInfo> Engine::GetSegmentInfo(SegmentId id) { return impl_->GetSegmentInfo(id); }
+Status Engine::CloseSegment(SegmentId id) { return impl_->CloseSegment(id); }
+
+Result<std::unique_ptr<Batch>> Engine::Submit(std::span<const Request> requests,
+                                              std::chrono::milliseconds timeout) {
+  return impl_->Submit(requests, timeout);
+}
+
+Status Engine::Transfer(const Request& request, std::chrono::milliseconds timeout) {
+  auto b = Submit(std::span<const Request>(&request, 1), timeout);
+  if (!b.ok()) return b.status();
+  // Transports enforce the request's deadline; the slack covers bookkeeping.
+  Millis t = timeout.count() > 0 ? timeout : impl_->request_timeout();
+  return b.value()->Wait(t + std::chrono::seconds(5));
+}
+
+}  // namespace ferry

@@ -1,0 +1,240 @@
+#include "transfer/listener.h"
+
+#include <asio.hpp>
+#include <list>
+#include <mutex>
+
+#include "common/log.h"
+#include "transfer/memory_registry.h"
+#include "transfer/wire.h"
+
+namespace ferry {
+
+namespace {
+
+using asio::ip::tcp;
+using wire::Header;
+using wire::Opcode;
+
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(tcp::socket sock, const Listener::Config& cfg, const MemoryRegistry& registry,
+             const Listener::DescriptorFn& descriptor)
+      : sock_(std::move(sock)), timer_(sock_.get_executor()), cfg_(cfg), registry_(registry),
+        descriptor_(descriptor) {}
+
+  void Start() {
+    asio::error_code ec;
+    sock_.set_option(tcp::no_delay(true), ec);
+    try {
+      peer_ = sock_.remote_endpoint().address().to_string();
+    } catch (const std::exception&) {
+      peer_ = "?";
+    }
+    ReadHeader();
+  }
+
+  void Close() {
+    asio::post(sock_.get_executor(), [self = shared_from_this()] { self->Shutdown(); });
+  }
+
+ private:
+  void Shutdown() {
+    asio::error_code ec;
+    sock_.shutdown(tcp::socket::shutdown_both, ec);
+    sock_.close(ec);
+    timer_.cancel();
+  }
+
+  void Drop(const std::string& why) {
+    FERRY_LOG_WARN("listener: closing connection from {}: {}", peer_, why);
+    Shutdown();
+  }
+
+  void ReadHeader() {
+    asio::async_read(sock_, asio::buffer(in_), [self = shared_from_this()](auto ec, size_t) {
+      if (ec) return self->Shutdown();  // EOF or close: the peer is gone
+      self->Dispatch();
+    });
+  }
+
+  void Dispatch() {
+    auto decoded = wire::DecodeHeader(in_);
+    if (!decoded.ok()) return Drop(decoded.status().ToString());
+    const Header h = decoded.value();
+    switch (h.opcode) {
+      case Opcode::kHello: {
+        StatusCode st = (h.addr == 0 || h.addr == cfg_.epoch) ? StatusCode::kOk
+                                                              : StatusCode::kPeerRestarted;
+        return Reply({Opcode::kHelloAck, st, h.id, cfg_.epoch, 0}, nullptr);
+      }
+      case Opcode::kGetDescriptor: {
+        desc_ = descriptor_();
+        return Reply({Opcode::kDescriptor, StatusCode::kOk, h.id, 0, desc_.size()}, desc_.data());
+      }
+      case Opcode::kWrite: return HandleWrite(h);
+      case Opcode::kRead: return HandleRead(h);
+      default: return Drop("unexpected opcode " + std::to_string(static_cast<int>(h.opcode)));
+    }
+  }
+
+  StatusCode Check(const Header& h) const {
+    if (h.length == 0) return StatusCode::kInvalidArgument;
+    if (!registry_.Contains(h.addr, h.length)) return StatusCode::kOutOfRange;
+    return StatusCode::kOk;
+  }
+
+  void HandleWrite(const Header& h) {
+    if (h.length > wire::kMaxPayload) return Drop("write payload too large");
+    StatusCode st = Check(h);
+    if (st != StatusCode::kOk) {
+      FERRY_LOG_WARN("listener: write from {} rejected: {} at 0x{:x}+{}", peer_,
+                     StatusCodeName(st), h.addr, h.length);
+      return Discard(h, h.length, st);
+    }
+    ArmTimer();
+    asio::async_read(sock_, asio::buffer(reinterpret_cast<void*>(h.addr), h.length),
+                     [self = shared_from_this(), h](auto ec, size_t) {
+                       self->timer_.cancel();
+                       if (ec) return self->Shutdown();
+                       self->Reply({Opcode::kWriteAck, StatusCode::kOk, h.id, h.addr, 0}, nullptr);
+                     });
+  }
+
+  // Consumes a rejected write's payload so the stream stays in step.
+  void Discard(const Header& h, uint64_t left, StatusCode st) {
+    if (left == 0) return Reply({Opcode::kWriteAck, st, h.id, h.addr, 0}, nullptr);
+    if (scratch_.empty()) scratch_.resize(64 << 10);
+    size_t n = std::min<uint64_t>(left, scratch_.size());
+    ArmTimer();
+    asio::async_read(sock_, asio::buffer(scratch_.data(), n),
+                     [self = shared_from_this(), h, left, st](auto ec, size_t got) {
+                       self->timer_.cancel();
+                       if (ec) return self->Shutdown();
+                       self->Discard(h, left - got, st);
+                     });
+  }
+
+  void HandleRead(const Header& h) {
+    if (h.length > wire::kMaxPayload) return Drop("read length too large");
+    StatusCode st = Check(h);
+    if (st != StatusCode::kOk) {
+      FERRY_LOG_WARN("listener: read from {} rejected: {} at 0x{:x}+{}", peer_,
+                     StatusCodeName(st), h.addr, h.length);
+      return Reply({Opcode::kReadData, st, h.id, h.addr, 0}, nullptr);
+    }
+    Reply({Opcode::kReadData, StatusCode::kOk, h.id, h.addr, h.length},
+          reinterpret_cast<const void*>(h.addr));
+  }
+
+  // Sends a header and, when `payload` is set, h.length bytes; then reads on.
+  void Reply(const Header& h, const void* payload) {
+    wire::EncodeHeader(h, out_);
+    std::array<asio::const_buffer, 2> bufs = {
+        asio::buffer(out_), asio::buffer(payload, payload ? h.length : 0)};
+    ArmTimer();
+    asio::async_write(sock_, bufs, [self = shared_from_this()](auto ec, size_t) {
+      self->timer_.cancel();
+      if (ec) return self->Shutdown();
+      self->ReadHeader();
+    });
+  }
+
+  // Bounds payload progress: a peer that stalls mid-frame is cut off.
+  void ArmTimer() {
+    timer_.expires_after(cfg_.frame_timeout);
+    timer_.async_wait([self = shared_from_this()](auto ec) {
+      if (!ec) self->Drop("frame timed out");
+    });
+  }
+
+  tcp::socket sock_;
+  asio::steady_timer timer_;
+  const Listener::Config& cfg_;
+  const MemoryRegistry& registry_;
+  const Listener::DescriptorFn& descriptor_;
+  std::string peer_;
+  uint8_t in_[wire::kHeaderSize];
+  uint8_t out_[wire::kHeaderSize];
+  std::vector<uint8_t> desc_;
+  std::vector<uint8_t> scratch_;
+};
+
+class ListenerImpl : public Listener {
+ public:
+  ListenerImpl(asio::io_context& io, const Config& cfg, const MemoryRegistry& registry,
+               DescriptorFn descriptor)
+      : io_(io), cfg_(cfg), registry_(registry), descriptor_(std::move(descriptor)),
+        acceptor_(asio::make_strand(io)) {}
+
+  Status Bind() {
+    asio::error_code ec;
+    auto addr = asio::ip::make_address(cfg_.host, ec);
+    if (ec) return Status(StatusCode::kInvalidArgument, "bad listen address '" + cfg_.host + "'");
+    tcp::endpoint ep(addr, cfg_.port);
+    acceptor_.open(ep.protocol(), ec);
+    if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) acceptor_.bind(ep, ec);
+    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      return Status(StatusCode::kUnavailable,
+                    "cannot listen on " + cfg_.host + ":" + std::to_string(cfg_.port) + ": " +
+                        ec.message());
+    }
+    port_ = acceptor_.local_endpoint().port();
+    Accept();
+    return Status::Ok();
+  }
+
+  uint16_t port() const override { return port_; }
+
+  void Stop() override {
+    asio::post(acceptor_.get_executor(), [this] {
+      asio::error_code ec;
+      acceptor_.close(ec);
+    });
+    std::lock_guard lk(mu_);
+    for (auto& w : conns_) {
+      if (auto c = w.lock()) c->Close();
+    }
+    conns_.clear();
+  }
+
+ private:
+  void Accept() {
+    acceptor_.async_accept(asio::make_strand(io_), [this](auto ec, tcp::socket sock) {
+      if (ec == asio::error::operation_aborted) return;
+      if (!ec) {
+        auto c = std::make_shared<Connection>(std::move(sock), cfg_, registry_, descriptor_);
+        {
+          std::lock_guard lk(mu_);
+          conns_.remove_if([](auto& w) { return w.expired(); });
+          conns_.push_back(c);
+        }
+        c->Start();
+      }
+      if (acceptor_.is_open()) Accept();
+    });
+  }
+
+  asio::io_context& io_;
+  const Config cfg_;
+  const MemoryRegistry& registry_;
+  const DescriptorFn descriptor_;
+  tcp::acceptor acceptor_;
+  uint16_t port_ = 0;
+  std::mutex mu_;
+  std::list<std::weak_ptr<Connection>> conns_;  // guarded by mu_
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Listener>> Listener::Start(asio::io_context& io, const Config& config,
+                                                  const MemoryRegistry& registry,
+                                                  DescriptorFn descriptor) {
+  auto l = std::make_unique<ListenerImpl>(io, config, registry, std::move(descriptor));
+  FERRY_RETURN_IF_ERROR(l->Bind());
+  return std::unique_ptr<Listener>(std::move(l));
+}
+
+}  // namespace ferry

@@ -1,0 +1,79 @@
+// The local transport: a segment opened on the engine itself. Copies run on the
+// copy pool after the same range check the listener applies to peers.
+#include <cstring>
+
+#include "common/log.h"
+#include "common/thread_pool.h"
+#include "transfer/memory_registry.h"
+#include "transfer/segment.h"
+#include "transfer/transport.h"
+
+namespace ferry {
+namespace {
+
+class LocalEndpoint : public Endpoint, public std::enable_shared_from_this<LocalEndpoint> {
+ public:
+  LocalEndpoint(ThreadPool& pool, const MemoryRegistry& registry)
+      : pool_(pool), registry_(registry) {}
+
+  void Post(std::vector<Task> tasks) override {
+    for (auto& t : tasks) {
+      pool_.Post([self = shared_from_this(), t = std::move(t)] { t.Done(self->Run(t)); });
+    }
+  }
+
+  void Close() override { closed_.store(true, std::memory_order_release); }
+
+ private:
+  Status Run(const Task& t) const {
+    if (closed_.load(std::memory_order_acquire)) return Status(StatusCode::kCancelled, "segment closed");
+    if (t.batch->cancelled()) return Status(StatusCode::kCancelled, "batch freed");
+    if (t.deadline.Expired()) return Status(StatusCode::kTimeout, "deadline passed before copy");
+    if (!registry_.Contains(t.remote, t.length)) {
+      return Status(StatusCode::kOutOfRange,
+                    fmt::format("0x{:x}+{} is not registered locally", t.remote, t.length));
+    }
+    char* remote = reinterpret_cast<char*>(t.remote);
+    if (t.op == Op::kWrite) {
+      std::memmove(remote, t.local, t.length);
+    } else {
+      std::memmove(t.local, remote, t.length);
+    }
+    return Status::Ok();
+  }
+
+  ThreadPool& pool_;
+  const MemoryRegistry& registry_;
+  std::atomic<bool> closed_{false};
+};
+
+class LocalTransport : public Transport {
+ public:
+  explicit LocalTransport(EngineContext& ctx) : ctx_(ctx) {
+    caps_.kind = TransportKind::kLocal;
+    caps_.name = "local";
+    caps_.priority = 10;
+    caps_.max_task_bytes = 8ull << 20;
+  }
+
+  const TransportCaps& caps() const override { return caps_; }
+  bool CanReach(const Segment& segment) const override { return segment.is_self(); }
+
+  Result<std::shared_ptr<Endpoint>> Connect(const std::shared_ptr<Segment>&) override {
+    return std::shared_ptr<Endpoint>(std::make_shared<LocalEndpoint>(ctx_.copy_pool, ctx_.registry));
+  }
+
+ private:
+  EngineContext& ctx_;
+  TransportCaps caps_;
+};
+
+std::unique_ptr<Transport> MakeLocal(EngineContext& ctx) {
+  return std::make_unique<LocalTransport>(ctx);
+}
+
+}  // namespace
+
+FERRY_REGISTER_TRANSPORT(local, MakeLocal);
+
+}  // namespace ferry

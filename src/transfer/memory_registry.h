@@ -1,0 +1,36 @@
+// The set of this process's registered ranges. The listener checks every
+// remote (address, length) against it before touching memory.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <shared_mutex>
+#include <vector>
+
+#include "ferry/status.h"
+
+namespace ferry {
+
+struct Region {
+  uint64_t addr = 0;
+  uint64_t length = 0;
+  int memfd = -1;      // >= 0 when engine-allocated and shareable by mapping
+  bool owned = false;  // allocated by the engine: unmapped and closed on removal
+};
+
+class MemoryRegistry {
+ public:
+  // InvalidArgument for zero length or address overflow, AlreadyExists on overlap.
+  Status Add(const Region& region);
+  // NotFound unless a region starts at `addr`. Returns the removed region.
+  Result<Region> Remove(uint64_t addr);
+  // True when [addr, addr+length) lies inside a single region.
+  bool Contains(uint64_t addr, uint64_t length) const;
+  std::vector<Region> Snapshot() const;
+
+ private:
+  mutable std::shared_mutex mu_;
+  std::map<uint64_t, Region> regions_;  // by start address; guarded by mu_
+};
+
+}  // namespace ferry

@@ -1,0 +1,95 @@
+#include "transfer/metadata.h"
+
+#include <asio.hpp>
+#include <charconv>
+
+#include "transfer/wire.h"
+
+namespace ferry {
+
+Result<SegmentAddress> ParseSegmentName(std::string_view name) {
+  auto bad = [&] {
+    return Status(StatusCode::kInvalidArgument,
+                  "segment name '" + std::string(name) + "' is not host:port");
+  };
+  size_t colon = name.rfind(':');
+  if (colon == std::string_view::npos || colon == 0 || colon + 1 == name.size()) return bad();
+  std::string_view host = name.substr(0, colon);
+  std::string_view port_s = name.substr(colon + 1);
+  if (host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  unsigned port = 0;
+  auto [ptr, ec] = std::from_chars(port_s.data(), port_s.data() + port_s.size(), port);
+  if (ec != std::errc() || ptr != port_s.data() + port_s.size() || port == 0 || port > 65535) {
+    return bad();
+  }
+  asio::error_code aec;
+  asio::ip::make_address(std::string(host), aec);
+  if (aec) {
+    return Status(StatusCode::kInvalidArgument,
+                  "segment host '" + std::string(host) + "' is not an IP address");
+  }
+  return SegmentAddress{std::string(host), static_cast<uint16_t>(port)};
+}
+
+Result<SegmentDescriptor> FetchDescriptor(const SegmentAddress& addr, Millis timeout) {
+  using asio::ip::tcp;
+  asio::io_context io;
+  tcp::socket sock(io);
+  const std::string who = addr.host + ":" + std::to_string(addr.port);
+  Status result(StatusCode::kTimeout, "no descriptor from " + who + " within " +
+                                          std::to_string(timeout.count()) + " ms");
+  SegmentDescriptor desc;
+  uint8_t out[wire::kHeaderSize];
+  uint8_t in[wire::kHeaderSize];
+  std::vector<uint8_t> payload;
+  wire::EncodeHeader({wire::Opcode::kGetDescriptor, StatusCode::kOk, 1, 0, 0}, out);
+
+  tcp::endpoint ep(asio::ip::make_address(addr.host), addr.port);
+  sock.async_connect(ep, [&](asio::error_code ec) {
+    if (ec) {
+      result = Status(StatusCode::kUnavailable, "cannot connect to " + who + ": " + ec.message());
+      return;
+    }
+    asio::async_write(sock, asio::buffer(out), [&](asio::error_code ec, size_t) {
+      if (ec) {
+        result = Status(StatusCode::kConnectionLost, who + ": " + ec.message());
+        return;
+      }
+      asio::async_read(sock, asio::buffer(in), [&](asio::error_code ec, size_t) {
+        if (ec) {
+          result = Status(StatusCode::kConnectionLost, who + " closed: " + ec.message());
+          return;
+        }
+        auto h = wire::DecodeHeader(in);
+        if (!h.ok()) {
+          result = h.status();
+          return;
+        }
+        if (h.value().opcode != wire::Opcode::kDescriptor || h.value().id != 1 ||
+            h.value().length > kMaxDescriptorBytes) {
+          result = Status(StatusCode::kProtocolError, who + " sent an unexpected reply");
+          return;
+        }
+        payload.resize(h.value().length);
+        asio::async_read(sock, asio::buffer(payload), [&](asio::error_code ec, size_t) {
+          if (ec) {
+            result = Status(StatusCode::kConnectionLost, who + " closed: " + ec.message());
+            return;
+          }
+          auto d = DecodeDescriptor(payload.data(), payload.size());
+          if (!d.ok()) {
+            result = d.status();
+            return;
+          }
+          desc = std::move(d).value();
+          result = Status::Ok();
+        });
+      });
+    });
+  });
+  io.run_for(timeout);
+  if (!result.ok()) return result;
+  return desc;
+}
+
+}  // namespace ferry

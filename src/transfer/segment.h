@@ -1,0 +1,60 @@
+// A peer's segment as seen by this engine: its name, cached descriptor and
+// the transports' endpoints to it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "ferry/engine.h"
+#include "transfer/descriptor.h"
+
+namespace ferry {
+
+class Endpoint;
+class Transport;
+
+class Segment {
+ public:
+  Segment(SegmentId id, std::string name, std::string host, uint16_t port, bool is_self)
+      : id_(id), name_(std::move(name)), host_(std::move(host)), port_(port), is_self_(is_self) {}
+
+  SegmentId id() const { return id_; }
+  const std::string& name() const { return name_; }
+  const std::string& host() const { return host_; }
+  uint16_t port() const { return port_; }
+  bool is_self() const { return is_self_; }
+
+  std::shared_ptr<const SegmentDescriptor> descriptor() const {
+    std::lock_guard lk(mu_);
+    return desc_;
+  }
+  void set_descriptor(std::shared_ptr<const SegmentDescriptor> d) {
+    std::lock_guard lk(mu_);
+    desc_ = std::move(d);
+  }
+
+  // Set by a transport that saw the peer restart or die; the engine refetches
+  // the descriptor before the next submit to this segment.
+  void MarkStale() { stale_.store(true, std::memory_order_release); }
+  bool TakeStale() { return stale_.exchange(false, std::memory_order_acq_rel); }
+
+  // The engine's endpoint cache, one per transport.
+  std::mutex endpoints_mu;
+  std::map<const Transport*, std::shared_ptr<Endpoint>> endpoints;  // guarded by endpoints_mu
+
+ private:
+  const SegmentId id_;
+  const std::string name_;
+  const std::string host_;
+  const uint16_t port_;
+  const bool is_self_;
+  mutable std::mutex mu_;
+  std::shared_ptr<const SegmentDescriptor> desc_;  // guarded by mu_
+  std::atomic<bool> stale_{false};
+};
+
+}  // namespace ferry

@@ -1,0 +1,179 @@
+// The shm transport, for peers on the same host (same boot id and PID
+// namespace). Engine-allocated memfd buffers are mapped once, by opening the
+// peer's /proc/<pid>/fd/<n>, and copied with memcpy. Other registered memory is
+// moved with process_vm_readv/writev. Copies run on the engine's copy pool.
+// The peer's liveness is watched through a pidfd, so a dead peer fails
+// requests with ConnectionLost instead of touching a reused pid.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "common/host.h"
+#include "common/log.h"
+#include "common/thread_pool.h"
+#include "transfer/segment.h"
+#include "transfer/transport.h"
+
+namespace ferry {
+namespace {
+
+class ShmEndpoint : public Endpoint, public std::enable_shared_from_this<ShmEndpoint> {
+ public:
+  ShmEndpoint(ThreadPool& pool, std::shared_ptr<const SegmentDescriptor> desc,
+              std::weak_ptr<Segment> segment, std::string name)
+      : pool_(pool), desc_(std::move(desc)), segment_(std::move(segment)), name_(std::move(name)) {
+    pidfd_ = static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(desc_->pid), 0));
+  }
+
+  ~ShmEndpoint() override {
+    for (auto& [addr, m] : maps_) munmap(m.base, m.length);
+    if (pidfd_ >= 0) close(pidfd_);
+  }
+
+  void Post(std::vector<Task> tasks) override {
+    for (auto& t : tasks) {
+      pool_.Post([self = shared_from_this(), t = std::move(t)] { t.Done(self->Run(t)); });
+    }
+  }
+
+  void Close() override { closed_.store(true, std::memory_order_release); }
+
+ private:
+  struct Mapping {
+    char* base = nullptr;
+    uint64_t length = 0;
+  };
+
+  Status Run(const Task& t) {
+    if (closed_.load(std::memory_order_acquire)) return Status(StatusCode::kCancelled, "segment closed");
+    if (t.batch->cancelled()) return Status(StatusCode::kCancelled, "batch freed");
+    if (t.deadline.Expired()) return Status(StatusCode::kTimeout, "deadline passed before copy");
+    if (PeerGone()) {
+      if (auto seg = segment_.lock()) seg->MarkStale();
+      return Status(StatusCode::kConnectionLost, name_ + " (pid " + std::to_string(desc_->pid) +
+                                                     ") has exited");
+    }
+    const RegionDesc* r = desc_->Find(t.remote, t.length);
+    if (r == nullptr) {
+      return Status(StatusCode::kOutOfRange,
+                    fmt::format("0x{:x}+{} is not registered at {}", t.remote, t.length, name_));
+    }
+    if (r->memfd >= 0) {
+      auto base = Map(*r);
+      if (!base.ok()) return base.status();
+      char* remote = base.value() + (t.remote - r->addr);
+      if (t.op == Op::kWrite) {
+        std::memcpy(remote, t.local, t.length);
+      } else {
+        std::memcpy(t.local, remote, t.length);
+      }
+      return Status::Ok();
+    }
+    return CrossProcess(t);
+  }
+
+  bool PeerGone() const {
+    if (pidfd_ >= 0) {
+      pollfd p{pidfd_, POLLIN, 0};
+      return poll(&p, 1, 0) > 0;
+    }
+    return kill(static_cast<pid_t>(desc_->pid), 0) != 0 && errno == ESRCH;
+  }
+
+  Result<char*> Map(const RegionDesc& r) {
+    std::lock_guard lk(mu_);
+    auto it = maps_.find(r.addr);
+    if (it != maps_.end()) return it->second.base;
+    std::string path = "/proc/" + std::to_string(desc_->pid) + "/fd/" + std::to_string(r.memfd);
+    int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) return Status::FromErrno(errno, "open " + path);
+    struct stat st {};
+    if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < r.length) {
+      close(fd);
+      return Status(StatusCode::kIoError, path + " is smaller than its region");
+    }
+    void* p = mmap(nullptr, r.length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int err = errno;
+    close(fd);
+    if (p == MAP_FAILED) return Status::FromErrno(err, "mmap " + path);
+    maps_[r.addr] = {static_cast<char*>(p), r.length};
+    return static_cast<char*>(p);
+  }
+
+  Status CrossProcess(const Task& t) {
+    uint64_t done = 0;
+    while (done < t.length) {
+      iovec local{t.local + done, t.length - done};
+      iovec remote{reinterpret_cast<void*>(t.remote + done), t.length - done};
+      pid_t pid = static_cast<pid_t>(desc_->pid);
+      ssize_t n = t.op == Op::kWrite ? process_vm_writev(pid, &local, 1, &remote, 1, 0)
+                                     : process_vm_readv(pid, &local, 1, &remote, 1, 0);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == ESRCH) return Status(StatusCode::kConnectionLost, name_ + " has exited");
+        if (errno == EFAULT) {
+          return Status(StatusCode::kOutOfRange, fmt::format("0x{:x}+{} is not mapped at {}",
+                                                             t.remote, t.length, name_));
+        }
+        return Status::FromErrno(errno, t.op == Op::kWrite ? "process_vm_writev" : "process_vm_readv");
+      }
+      if (n == 0) return Status(StatusCode::kIoError, "process_vm copy made no progress");
+      done += static_cast<uint64_t>(n);
+    }
+    return Status::Ok();
+  }
+
+  ThreadPool& pool_;
+  const std::shared_ptr<const SegmentDescriptor> desc_;
+  const std::weak_ptr<Segment> segment_;
+  const std::string name_;
+  int pidfd_ = -1;
+  std::atomic<bool> closed_{false};
+  std::mutex mu_;
+  std::map<uint64_t, Mapping> maps_;  // by remote region address; guarded by mu_
+};
+
+class ShmTransport : public Transport {
+ public:
+  explicit ShmTransport(EngineContext& ctx) : ctx_(ctx) {
+    caps_.kind = TransportKind::kShm;
+    caps_.name = "shm";
+    caps_.priority = 20;
+    caps_.max_task_bytes = 8ull << 20;
+  }
+
+  const TransportCaps& caps() const override { return caps_; }
+
+  bool CanReach(const Segment& segment) const override {
+    auto d = segment.descriptor();
+    return d && d->Offers("shm") && d->host_id == HostIdentity();
+  }
+
+  Result<std::shared_ptr<Endpoint>> Connect(const std::shared_ptr<Segment>& segment) override {
+    return std::shared_ptr<Endpoint>(std::make_shared<ShmEndpoint>(
+        ctx_.copy_pool, segment->descriptor(), segment, segment->name()));
+  }
+
+ private:
+  EngineContext& ctx_;
+  TransportCaps caps_;
+};
+
+std::unique_ptr<Transport> MakeShm(EngineContext& ctx) {
+  return std::make_unique<ShmTransport>(ctx);
+}
+
+}  // namespace
+
+FERRY_REGISTER_TRANSPORT(shm, MakeShm);
+
+}  // namespace ferry

@@ -1,0 +1,253 @@
+#include "transfer/tcp/lane.h"
+
+#include "common/log.h"
+#include "transfer/segment.h"
+
+namespace ferry {
+
+using asio::ip::tcp;
+using wire::Header;
+using wire::Opcode;
+
+Lane::Lane(asio::io_context& io, Config cfg, std::weak_ptr<Segment> segment)
+    : strand_(asio::make_strand(io)), sock_(strand_), timer_(strand_), cfg_(std::move(cfg)),
+      segment_(std::move(segment)) {}
+
+void Lane::Post(std::vector<Task> tasks) {
+  asio::post(strand_, [self = shared_from_this(), tasks = std::move(tasks)]() mutable {
+    if (self->state_ == State::kClosed) {
+      for (auto& t : tasks) t.Done(Status(StatusCode::kCancelled, "segment closed"));
+      return;
+    }
+    for (auto& t : tasks) self->queue_.push_back(std::move(t));
+    self->Kick();
+  });
+}
+
+void Lane::Close() {
+  asio::post(strand_, [self = shared_from_this()] {
+    self->Fail(Status(StatusCode::kCancelled, "segment closed"));
+    self->state_ = State::kClosed;
+  });
+}
+
+void Lane::Kick() {
+  if (queue_.empty()) return;
+  if (state_ == State::kIdle) return Connect();
+  if (state_ == State::kReady) Pump();
+}
+
+void Lane::Connect() {
+  state_ = State::kConnecting;
+  const uint64_t gen = ++gen_;
+  connect_deadline_ = Deadline::After(cfg_.connect_timeout);
+  ArmTimer();
+  sock_.async_connect(cfg_.peer, [self = shared_from_this(), gen](asio::error_code ec) {
+    if (gen != self->gen_) return;
+    if (ec) {
+      return self->Fail(Status(StatusCode::kUnavailable,
+                               "cannot connect to " + self->cfg_.peer_name + ": " + ec.message()));
+    }
+    asio::error_code ignored;
+    self->sock_.set_option(tcp::no_delay(true), ignored);
+    wire::EncodeHeader({Opcode::kHello, StatusCode::kOk, 0, self->cfg_.epoch, 0}, self->out_);
+    asio::async_write(self->sock_, asio::buffer(self->out_),
+                      [self, gen](asio::error_code ec, size_t) {
+                        if (gen != self->gen_) return;
+                        if (ec) {
+                          return self->Fail(Status(StatusCode::kConnectionLost,
+                                                   self->cfg_.peer_name + ": " + ec.message()));
+                        }
+                        asio::async_read(self->sock_, asio::buffer(self->in_),
+                                         [self, gen](asio::error_code ec, size_t) {
+                                           if (gen != self->gen_) return;
+                                           if (ec) {
+                                             return self->Fail(Status(
+                                                 StatusCode::kConnectionLost,
+                                                 self->cfg_.peer_name + " closed during hello"));
+                                           }
+                                           self->OnConnected(gen);
+                                         });
+                      });
+  });
+}
+
+void Lane::OnConnected(uint64_t gen) {
+  auto h = wire::DecodeHeader(in_);
+  if (!h.ok() || h.value().opcode != Opcode::kHelloAck) {
+    return Fail(Status(StatusCode::kProtocolError, cfg_.peer_name + " sent a bad hello reply"));
+  }
+  if (h.value().status == StatusCode::kPeerRestarted) {
+    if (auto seg = segment_.lock()) seg->MarkStale();
+    return Fail(Status(StatusCode::kPeerRestarted,
+                       cfg_.peer_name + " restarted; its segment has a new epoch"));
+  }
+  state_ = State::kReady;
+  last_progress_ = Clock::now();
+  ReadReply(gen);
+  Pump();
+}
+
+void Lane::Pump() {
+  while (!writing_ && !queue_.empty() &&
+         inflight_.size() < static_cast<size_t>(cfg_.max_in_flight)) {
+    Task t = std::move(queue_.front());
+    queue_.pop_front();
+    if (t.batch->cancelled()) {
+      t.Done(Status(StatusCode::kCancelled, "batch freed"));
+      continue;
+    }
+    if (t.deadline.Expired()) {
+      t.Done(Status(StatusCode::kTimeout, "deadline passed before the request was sent"));
+      continue;
+    }
+    const uint64_t id = next_id_++;
+    const Opcode op = t.op == Op::kWrite ? Opcode::kWrite : Opcode::kRead;
+    wire::EncodeHeader({op, StatusCode::kOk, id, t.remote, t.length}, out_);
+    std::array<asio::const_buffer, 2> bufs = {
+        asio::buffer(out_), asio::buffer(t.local, t.op == Op::kWrite ? t.length : 0)};
+    inflight_.push_back({std::move(t), id});
+    writing_ = true;
+    ArmTimer();
+    const uint64_t gen = gen_;
+    asio::async_write(sock_, bufs, [self = shared_from_this(), gen](asio::error_code ec, size_t) {
+      if (gen != self->gen_) return;
+      self->writing_ = false;
+      if (ec) {
+        return self->Fail(Status(StatusCode::kConnectionLost,
+                                 "send to " + self->cfg_.peer_name + ": " + ec.message()));
+      }
+      self->last_progress_ = Clock::now();
+      self->Pump();
+    });
+  }
+}
+
+void Lane::ReadReply(uint64_t gen) {
+  asio::async_read(sock_, asio::buffer(in_),
+                   [self = shared_from_this(), gen](asio::error_code ec, size_t) {
+                     if (gen != self->gen_) return;
+                     if (ec) {
+                       return self->Fail(Status(StatusCode::kConnectionLost,
+                                                self->cfg_.peer_name + " closed the connection: " +
+                                                    ec.message()));
+                     }
+                     self->OnReply(gen);
+                   });
+}
+
+Status Lane::Remote(const Header& h) const {
+  return Status(h.status, cfg_.peer_name + " rejected " +
+                              (h.opcode == Opcode::kWriteAck ? "write" : "read") + " at 0x" +
+                              fmt::format("{:x}", h.addr));
+}
+
+void Lane::OnReply(uint64_t gen) {
+  last_progress_ = Clock::now();
+  auto dh = wire::DecodeHeader(in_);
+  if (!dh.ok()) return Fail(dh.status());
+  const Header h = dh.value();
+  if (inflight_.empty() || h.id != inflight_.front().id) {
+    return Fail(Status(StatusCode::kProtocolError, cfg_.peer_name + " replied out of order"));
+  }
+  const Task& t = inflight_.front().task;
+  const Opcode want = t.op == Op::kWrite ? Opcode::kWriteAck : Opcode::kReadData;
+  if (h.opcode != want) {
+    return Fail(Status(StatusCode::kProtocolError, cfg_.peer_name + " sent a mismatched reply"));
+  }
+  if (h.status != StatusCode::kOk) {
+    if (h.length != 0) {
+      return Fail(Status(StatusCode::kProtocolError, cfg_.peer_name + " error with payload"));
+    }
+    Complete(Remote(h));
+    ReadReply(gen);
+    return Pump();
+  }
+  if (h.opcode == Opcode::kWriteAck) {
+    Complete(Status::Ok());
+    ReadReply(gen);
+    return Pump();
+  }
+  if (h.length != t.length) {
+    return Fail(Status(StatusCode::kProtocolError, cfg_.peer_name + " sent a wrong read length"));
+  }
+  asio::async_read(sock_, asio::buffer(t.local, t.length),
+                   [self = shared_from_this(), gen](asio::error_code ec, size_t) {
+                     if (gen != self->gen_) return;
+                     if (ec) {
+                       return self->Fail(Status(StatusCode::kConnectionLost,
+                                                self->cfg_.peer_name + " closed mid-payload"));
+                     }
+                     self->Complete(Status::Ok());
+                     self->ReadReply(gen);
+                     self->Pump();
+                   });
+}
+
+void Lane::Complete(const Status& st) {
+  InFlight f = std::move(inflight_.front());
+  inflight_.pop_front();
+  f.task.Done(st);
+}
+
+void Lane::Fail(const Status& st) {
+  if (!inflight_.empty() || !queue_.empty()) {
+    FERRY_LOG_WARN("tcp lane to {}: failing {} requests: {}", cfg_.peer_name,
+                   inflight_.size() + queue_.size(), st.ToString());
+  }
+  ++gen_;  // orphan every pending handler of this connection
+  asio::error_code ec;
+  sock_.shutdown(tcp::socket::shutdown_both, ec);
+  sock_.close(ec);
+  timer_.cancel();
+  timer_armed_ = false;
+  writing_ = false;
+  if (state_ != State::kClosed) state_ = State::kIdle;
+  auto inflight = std::move(inflight_);
+  auto queue = std::move(queue_);
+  inflight_.clear();
+  queue_.clear();
+  for (auto& f : inflight) f.task.Done(st);
+  for (auto& t : queue) t.Done(st);
+}
+
+void Lane::ArmTimer() {
+  if (timer_armed_) return;
+  timer_armed_ = true;
+  timer_.expires_after(Millis(20));
+  timer_.async_wait([self = shared_from_this(), gen = gen_](asio::error_code ec) {
+    self->timer_armed_ = false;
+    if (ec || gen != self->gen_) return;
+    self->OnTimer(gen);
+  });
+}
+
+// Enforces deadlines: a connection that does not come up, a request past its
+// deadline, and a connection that makes no progress.
+void Lane::OnTimer(uint64_t gen) {
+  (void)gen;
+  if (state_ == State::kConnecting && connect_deadline_.Expired()) {
+    return Fail(Status(StatusCode::kUnavailable, "connect to " + cfg_.peer_name + " timed out"));
+  }
+  if (!inflight_.empty()) {
+    if (inflight_.front().task.deadline.Expired()) {
+      return Fail(Status(StatusCode::kTimeout,
+                         "request to " + cfg_.peer_name + " passed its deadline"));
+    }
+    if (Clock::now() - last_progress_ > cfg_.progress_timeout) {
+      return Fail(Status(StatusCode::kTimeout, cfg_.peer_name + " made no progress"));
+    }
+  }
+  // Queued tasks past their deadline fail without touching the connection.
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    if (it->deadline.Expired()) {
+      it->Done(Status(StatusCode::kTimeout, "deadline passed before the request was sent"));
+      it = queue_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (!inflight_.empty() || !queue_.empty() || state_ == State::kConnecting) ArmTimer();
+}
+
+}  // namespace ferry

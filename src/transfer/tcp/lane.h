@@ -1,0 +1,80 @@
+// One TCP connection of an initiator to a peer's listener. Tasks queue here,
+// up to `max_in_flight` are on the wire at once, and replies are matched in
+// order. All state is touched only on the lane's strand.
+//
+// Failure handling: a connect error, a reset, a malformed reply or a passed
+// deadline fails every task the lane holds and closes the socket; the next
+// post reconnects. A Hello carrying the expected epoch opens each connection,
+// so a restarted peer fails the tasks with PeerRestarted instead of writing
+// into the new process at stale addresses.
+#pragma once
+
+#include <asio.hpp>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "transfer/batch.h"
+#include "transfer/wire.h"
+
+namespace ferry {
+
+class Segment;
+
+class Lane : public std::enable_shared_from_this<Lane> {
+ public:
+  struct Config {
+    asio::ip::tcp::endpoint peer;
+    std::string peer_name;
+    uint64_t epoch = 0;  // the epoch of the descriptor the tasks' addresses came from
+    int max_in_flight = 4;
+    Millis connect_timeout{5000};
+    Millis progress_timeout{30000};
+  };
+
+  Lane(asio::io_context& io, Config cfg, std::weak_ptr<Segment> segment);
+
+  void Post(std::vector<Task> tasks);
+  // Fails everything held with Cancelled and refuses later posts.
+  void Close();
+
+ private:
+  enum class State { kIdle, kConnecting, kReady, kClosed };
+  struct InFlight {
+    Task task;
+    uint64_t id;
+  };
+
+  void Kick();
+  void Connect();
+  void OnConnected(uint64_t gen);
+  void Pump();
+  void ReadReply(uint64_t gen);
+  void OnReply(uint64_t gen);
+  void Complete(const Status& st);
+  void Fail(const Status& st);
+  void ArmTimer();
+  void OnTimer(uint64_t gen);
+  Status Remote(const wire::Header& h) const;
+
+  asio::strand<asio::io_context::executor_type> strand_;
+  asio::ip::tcp::socket sock_;
+  asio::steady_timer timer_;
+  const Config cfg_;
+  std::weak_ptr<Segment> segment_;
+
+  State state_ = State::kIdle;
+  uint64_t gen_ = 0;  // bumped per connection; stale handlers see a mismatch
+  bool writing_ = false;
+  bool timer_armed_ = false;
+  uint64_t next_id_ = 1;
+  Clock::time_point last_progress_;
+  Deadline connect_deadline_;
+  std::deque<Task> queue_;        // not yet sent
+  std::deque<InFlight> inflight_;  // sent, reply pending, in wire order
+  uint8_t out_[wire::kHeaderSize];
+  uint8_t in_[wire::kHeaderSize];
+};
+
+}  // namespace ferry

@@ -1,0 +1,75 @@
+// The one interface every transport implements, in lifecycle order:
+// capabilities, reachability, connect, post. Progress and completion happen on
+// the transport's own threads, through Task::Done. A transport registers itself
+// in its own .cc with FERRY_REGISTER_TRANSPORT, so adding one touches no core file.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ferry/engine.h"
+#include "transfer/batch.h"
+
+namespace asio {
+class io_context;
+}
+
+namespace ferry {
+
+class MemoryRegistry;
+class Segment;
+class ThreadPool;
+
+// What the engine lends its transports. Outlives every transport.
+struct EngineContext {
+  const EngineOptions& options;
+  asio::io_context& io;
+  ThreadPool& copy_pool;
+  const MemoryRegistry& registry;
+};
+
+struct TransportCaps {
+  TransportKind kind = TransportKind::kNone;
+  const char* name = "";
+  int priority = 0;             // lower is tried first
+  uint64_t max_task_bytes = 0;  // requests are sliced to at most this
+};
+
+// A transport's path to one segment. Shared with in-flight work, so it may
+// outlive the segment's reference to it.
+class Endpoint {
+ public:
+  virtual ~Endpoint() = default;
+  // Takes the tasks and completes each exactly once through Task::Done,
+  // including on failure and shutdown. Never blocks.
+  virtual void Post(std::vector<Task> tasks) = 0;
+  // Fails every task still held, promptly; later posts fail at once.
+  virtual void Close() = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual const TransportCaps& caps() const = 0;
+  // Pure: looks only at the segment and its descriptor.
+  virtual bool CanReach(const Segment& segment) const = 0;
+  // Never blocks on the network; connections are made lazily.
+  virtual Result<std::shared_ptr<Endpoint>> Connect(const std::shared_ptr<Segment>& segment) = 0;
+};
+
+using TransportFactory = std::unique_ptr<Transport> (*)(EngineContext& ctx);
+
+struct TransportRegistration {
+  std::string name;
+  TransportFactory factory;
+};
+
+bool RegisterTransport(const char* name, TransportFactory factory);
+std::vector<TransportRegistration> RegisteredTransports();
+
+}  // namespace ferry
+
+#define FERRY_REGISTER_TRANSPORT(name, factory) \
+  [[maybe_unused]] static const bool ferry_transport_registered_##name = \
+      ::ferry::RegisterTransport(#name, factory)
