@@ -33,14 +33,18 @@ void BatchState::FailRequest(size_t index, Status status) {
 }
 
 void BatchState::TaskDone(size_t index, const Status& status) {
+  bool wake;
   {
     std::lock_guard lk(mu_);
     Req& r = requests_[index];
     if (!status.ok() && r.status.ok()) r.status = status;
     --tasks_outstanding_;
     if (--r.tasks_left == 0) FinishLocked(r);
+    // Waiters want the whole batch done or every task released; skip the
+    // futex wake on every other completion.
+    wake = tasks_outstanding_ == 0 || succeeded_ + failed_ == requests_.size();
   }
-  cv_.notify_all();
+  if (wake) cv_.notify_all();
 }
 
 BatchStatus BatchState::Poll() const {

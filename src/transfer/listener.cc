@@ -3,6 +3,7 @@
 #include <asio.hpp>
 #include <list>
 #include <mutex>
+#include <optional>
 
 #include "common/log.h"
 #include "transfer/memory_registry.h"
@@ -31,6 +32,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     } catch (const std::exception&) {
       peer_ = "?";
     }
+    Watchdog();
     ReadHeader();
   }
 
@@ -44,6 +46,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     sock_.shutdown(tcp::socket::shutdown_both, ec);
     sock_.close(ec);
     timer_.cancel();
+    closed_ = true;
   }
 
   void Drop(const std::string& why) {
@@ -92,10 +95,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
                      StatusCodeName(st), h.addr, h.length);
       return Discard(h, h.length, st);
     }
-    ArmTimer();
+    BeginFrame();
     asio::async_read(sock_, asio::buffer(reinterpret_cast<void*>(h.addr), h.length),
                      [self = shared_from_this(), h](auto ec, size_t) {
-                       self->timer_.cancel();
+                       self->EndFrame();
                        if (ec) return self->Shutdown();
                        self->Reply({Opcode::kWriteAck, StatusCode::kOk, h.id, h.addr, 0}, nullptr);
                      });
@@ -106,10 +109,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (left == 0) return Reply({Opcode::kWriteAck, st, h.id, h.addr, 0}, nullptr);
     if (scratch_.empty()) scratch_.resize(64 << 10);
     size_t n = std::min<uint64_t>(left, scratch_.size());
-    ArmTimer();
+    BeginFrame();
     asio::async_read(sock_, asio::buffer(scratch_.data(), n),
                      [self = shared_from_this(), h, left, st](auto ec, size_t got) {
-                       self->timer_.cancel();
+                       self->EndFrame();
                        if (ec) return self->Shutdown();
                        self->Discard(h, left - got, st);
                      });
@@ -132,19 +135,26 @@ class Connection : public std::enable_shared_from_this<Connection> {
     wire::EncodeHeader(h, out_);
     std::array<asio::const_buffer, 2> bufs = {
         asio::buffer(out_), asio::buffer(payload, payload ? h.length : 0)};
-    ArmTimer();
+    BeginFrame();
     asio::async_write(sock_, bufs, [self = shared_from_this()](auto ec, size_t) {
-      self->timer_.cancel();
+      self->EndFrame();
       if (ec) return self->Shutdown();
       self->ReadHeader();
     });
   }
 
-  // Bounds payload progress: a peer that stalls mid-frame is cut off.
-  void ArmTimer() {
-    timer_.expires_after(cfg_.frame_timeout);
+  // Bounds payload progress: a peer that stalls mid-frame is cut off. A
+  // periodic check, so the data path sets a timestamp instead of a timer.
+  void BeginFrame() { frame_started_ = Clock::now(); }
+  void EndFrame() { frame_started_.reset(); }
+  void Watchdog() {
+    timer_.expires_after(std::min<Millis>(cfg_.frame_timeout, Millis(500)));
     timer_.async_wait([self = shared_from_this()](auto ec) {
-      if (!ec) self->Drop("frame timed out");
+      if (ec || self->closed_) return;
+      if (self->frame_started_ && Clock::now() - *self->frame_started_ > self->cfg_.frame_timeout) {
+        return self->Drop("frame timed out");
+      }
+      self->Watchdog();
     });
   }
 
@@ -154,6 +164,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   const MemoryRegistry& registry_;
   const Listener::DescriptorFn& descriptor_;
   std::string peer_;
+  bool closed_ = false;
+  std::optional<Clock::time_point> frame_started_;
   uint8_t in_[wire::kHeaderSize];
   uint8_t out_[wire::kHeaderSize];
   std::vector<uint8_t> desc_;
