@@ -1,0 +1,311 @@
+// Bad input gets a clear error, and the process on the other end keeps serving.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+#include "common/clock.h"
+#include "ferry/engine.h"
+#include "integration/peer.h"
+#include "transfer/wire.h"
+
+namespace ferry {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+std::unique_ptr<Engine> MakeEngine(const std::string& transport = "") {
+  EngineOptions o;
+  o.transport = transport;
+  auto e = Engine::Create(o);
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  return e.ok() ? std::move(e).value() : nullptr;
+}
+
+TEST(BadInput, ZeroLengthNullLocalAndEmptyBatchAreRejectedWhole) {
+  auto peer = test::StartPeer(1 << 20, 0);
+  ASSERT_TRUE(peer.ok());
+  auto e = MakeEngine();
+  auto s = e->OpenSegment(peer.value().segment);
+  ASSERT_TRUE(s.ok());
+  char buf[16];
+  std::vector<Request> reqs = {{Op::kWrite, buf, s.value(), peer.value().alloc_addr, 16},
+                               {Op::kWrite, buf, s.value(), peer.value().alloc_addr, 0}};
+  auto b = e->Submit(reqs);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(b.status().message().find("zero length"), std::string::npos);
+  reqs[1] = {Op::kWrite, nullptr, s.value(), peer.value().alloc_addr, 16};
+  EXPECT_EQ(e->Submit(reqs).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(e->Submit(std::vector<Request>{}).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(BadInput, OverlappingRegistrationIsRejectedAndTheFirstSurvives) {
+  auto e = MakeEngine();
+  std::vector<char> mem(1 << 16);
+  ASSERT_TRUE(e->RegisterMemory(mem.data() + 4096, 8192).ok());
+  EXPECT_EQ(e->RegisterMemory(mem.data(), 4097).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(e->RegisterMemory(mem.data() + 12287, 10).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(e->RegisterMemory(mem.data() + 5000, 10).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(e->RegisterMemory(mem.data(), 1 << 16).code(), StatusCode::kAlreadyExists);
+  EXPECT_TRUE(e->RegisterMemory(mem.data(), 4096).ok());  // adjacent is fine
+  EXPECT_EQ(e->RegisterMemory(nullptr, 10).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(e->RegisterMemory(mem.data() + 20000, 0).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(e->UnregisterMemory(mem.data() + 1).code(), StatusCode::kNotFound);
+  // The first registration is intact: a peer can still write into it.
+  auto other = MakeEngine("tcp");
+  auto s = other->OpenSegment(e->name());
+  ASSERT_TRUE(s.ok());
+  char msg[] = "still registered";
+  ASSERT_TRUE(other->Transfer({Op::kWrite, msg, s.value(),
+                               reinterpret_cast<uint64_t>(mem.data() + 4096), sizeof(msg)})
+                  .ok());
+  EXPECT_STREQ(mem.data() + 4096, msg);
+  EXPECT_TRUE(e->UnregisterMemory(mem.data() + 4096).ok());
+  EXPECT_TRUE(e->UnregisterMemory(mem.data()).ok());
+}
+
+TEST(BadInput, UnknownSegment) {
+  auto e = MakeEngine();
+  EXPECT_EQ(e->OpenSegment("not-a-segment").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(e->OpenSegment("127.0.0.1:0").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(e->OpenSegment("127.0.0.1:99999").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(e->OpenSegment("no.such.host:80").status().code(), StatusCode::kInvalidArgument);
+  // Nobody listens on port 1.
+  auto r = e->OpenSegment("127.0.0.1:1");
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status().ToString();
+  char c;
+  auto b = e->Submit(std::vector<Request>{{Op::kRead, &c, 12345, 0x1000, 1}});
+  EXPECT_EQ(b.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(e->GetSegmentInfo(12345).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(e->CloseSegment(12345).code(), StatusCode::kNotFound);
+}
+
+// A raw client of the listener, for frames no engine would send.
+class RawClient {
+ public:
+  explicit RawClient(uint16_t port) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  }
+  ~RawClient() { close(fd_); }
+  bool connected() const { return connected_; }
+  void Send(const void* p, size_t n) { ASSERT_EQ(send(fd_, p, n, MSG_NOSIGNAL), ssize_t(n)); }
+  void SendHeader(wire::Opcode op, uint64_t addr, uint64_t len) {
+    uint8_t h[wire::kHeaderSize];
+    wire::EncodeHeader({op, StatusCode::kOk, 77, addr, len}, h);
+    Send(h, sizeof(h));
+  }
+  // A reply header, or nullopt when the peer closed the connection in time.
+  std::optional<wire::Header> ReadHeader(Millis timeout = Millis(5000)) {
+    uint8_t h[wire::kHeaderSize];
+    size_t got = 0;
+    Deadline d = Deadline::After(timeout);
+    while (got < sizeof(h)) {
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, 100) <= 0) {
+        if (d.Expired()) {
+          timed_out_ = true;
+          return std::nullopt;
+        }
+        continue;
+      }
+      ssize_t n = recv(fd_, h + got, sizeof(h) - got, 0);
+      if (n <= 0) return std::nullopt;
+      got += static_cast<size_t>(n);
+    }
+    auto r = wire::DecodeHeader(h);
+    if (!r.ok()) return std::nullopt;
+    return r.value();
+  }
+  bool timed_out() const { return timed_out_; }
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+  bool timed_out_ = false;
+};
+
+TEST(BadInput, MalformedAndTruncatedFramesCloseOnlyThatConnection) {
+  auto peer = test::StartPeer(1 << 20, 0);
+  ASSERT_TRUE(peer.ok());
+  const uint16_t port = peer.value().port();
+  const uint64_t base = peer.value().alloc_addr;
+  {  // garbage: the connection is closed, not answered
+    RawClient c(port);
+    ASSERT_TRUE(c.connected());
+    char junk[32];
+    memset(junk, 0xab, sizeof(junk));
+    c.Send(junk, sizeof(junk));
+    EXPECT_FALSE(c.ReadHeader().has_value());
+    EXPECT_FALSE(c.timed_out());
+  }
+  {  // right magic, wrong version
+    RawClient c(port);
+    uint8_t h[wire::kHeaderSize];
+    wire::EncodeHeader({wire::Opcode::kRead, StatusCode::kOk, 1, base, 8}, h);
+    h[4] = 99;
+    c.Send(h, sizeof(h));
+    EXPECT_FALSE(c.ReadHeader().has_value());
+    EXPECT_FALSE(c.timed_out());
+  }
+  {  // unknown opcode, and a reply opcode sent as a request
+    RawClient c(port);
+    uint8_t h[wire::kHeaderSize];
+    wire::EncodeHeader({wire::Opcode::kRead, StatusCode::kOk, 1, base, 8}, h);
+    h[5] = 200;
+    c.Send(h, sizeof(h));
+    EXPECT_FALSE(c.ReadHeader().has_value());
+    RawClient d(port);
+    d.SendHeader(wire::Opcode::kWriteAck, base, 0);
+    EXPECT_FALSE(d.ReadHeader().has_value());
+    EXPECT_FALSE(d.timed_out());
+  }
+  {  // a payload larger than any frame may carry
+    RawClient c(port);
+    c.SendHeader(wire::Opcode::kWrite, base, wire::kMaxPayload + 1);
+    EXPECT_FALSE(c.ReadHeader().has_value());
+    EXPECT_FALSE(c.timed_out());
+  }
+  {  // truncated header, then the client goes away
+    RawClient c(port);
+    c.Send("FERY\x01", 5);
+  }
+  {  // a write whose payload is cut short by the client closing
+    RawClient c(port);
+    c.SendHeader(wire::Opcode::kWrite, base, 4096);
+    c.Send("partial", 7);
+  }
+  {  // out-of-range write: the payload is consumed and an error is answered
+    RawClient c(port);
+    c.SendHeader(wire::Opcode::kWrite, base + (1 << 20) - 10, 100);
+    std::vector<char> payload(100, 'z');
+    c.Send(payload.data(), payload.size());
+    auto h = c.ReadHeader();
+    ASSERT_TRUE(h.has_value());
+    EXPECT_EQ(h->opcode, wire::Opcode::kWriteAck);
+    EXPECT_EQ(h->status, StatusCode::kOutOfRange);
+    // The same connection stays usable and in step.
+    c.SendHeader(wire::Opcode::kRead, base, 0);
+    h = c.ReadHeader();
+    ASSERT_TRUE(h.has_value());
+    EXPECT_EQ(h->opcode, wire::Opcode::kReadData);
+    EXPECT_EQ(h->status, StatusCode::kInvalidArgument);
+    c.SendHeader(wire::Opcode::kRead, 0x10, 8);
+    h = c.ReadHeader();
+    ASSERT_TRUE(h.has_value());
+    EXPECT_EQ(h->status, StatusCode::kOutOfRange);
+  }
+  // After all of that the peer still serves an engine.
+  auto e = MakeEngine("tcp");
+  auto s = e->OpenSegment(peer.value().segment);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  char msg[] = "alive", back[sizeof(msg)] = {};
+  ASSERT_TRUE(e->Transfer({Op::kWrite, msg, s.value(), base + 3, sizeof(msg)}).ok());
+  ASSERT_TRUE(e->Transfer({Op::kRead, back, s.value(), base + 3, sizeof(msg)}).ok());
+  EXPECT_STREQ(back, msg);
+  // The out-of-range write above left nothing behind.
+  char tail[10] = {};
+  ASSERT_TRUE(e->Transfer({Op::kRead, tail, s.value(), base + (1 << 20) - 10, 10}).ok());
+  for (char ch : tail) EXPECT_EQ(ch, 0);
+}
+
+TEST(BadInput, MalformedDescriptorReplyIsAProtocolError) {
+  // A fake listener that answers GetDescriptor with a bad descriptor.
+  int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(bind(lfd, reinterpret_cast<sockaddr*>(&a), len), 0);
+  ASSERT_EQ(listen(lfd, 1), 0);
+  getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  std::thread fake([lfd] {
+    int fd = accept(lfd, nullptr, nullptr);
+    uint8_t in[wire::kHeaderSize];
+    recv(fd, in, sizeof(in), MSG_WAITALL);
+    uint8_t h[wire::kHeaderSize];
+    wire::EncodeHeader({wire::Opcode::kDescriptor, StatusCode::kOk, 1, 0, 6}, h);
+    send(fd, h, sizeof(h), MSG_NOSIGNAL);
+    send(fd, "FDSCxx", 6, MSG_NOSIGNAL);
+    close(fd);
+  });
+  auto e = MakeEngine();
+  auto s = e->OpenSegment("127.0.0.1:" + std::to_string(ntohs(a.sin_port)));
+  fake.join();
+  close(lfd);
+  EXPECT_EQ(s.status().code(), StatusCode::kProtocolError) << s.status().ToString();
+}
+
+TEST(PeerFailure, KilledMidTransferFailsWithinTheDeadline) {
+  for (const char* transport : {"tcp", "shm"}) {
+    // Heap memory, so shm goes through process_vm and sees the death.
+    auto peer = test::StartPeer(0, 64 << 20);
+    ASSERT_TRUE(peer.ok());
+    auto e = MakeEngine(transport);
+    auto s = e->OpenSegment(peer.value().segment);
+    ASSERT_TRUE(s.ok());
+    std::vector<char> buf(64 << 20);
+    std::vector<Request> reqs;
+    for (int i = 0; i < 64; ++i) {
+      reqs.push_back({Op::kRead, buf.data() + i * (1 << 20), s.value(),
+                      peer.value().heap_addr + static_cast<uint64_t>(i) * (1 << 20), 1 << 20});
+    }
+    int failed_batches = 0;
+    auto t0 = Clock::now();
+    for (int round = 0; round < 50 && failed_batches == 0; ++round) {
+      auto b = e->Submit(reqs, seconds(5));
+      ASSERT_TRUE(b.ok());
+      if (round == 2) peer.value().proc->Signal(SIGKILL).ok();
+      Status st = b.value()->Wait(seconds(10));
+      ASSERT_NE(st.code(), StatusCode::kTimeout) << transport << ": Wait hung";
+      EXPECT_TRUE(b.value()->Poll().done());
+      if (!st.ok()) {
+        ++failed_batches;
+        EXPECT_TRUE(st.code() == StatusCode::kConnectionLost ||
+                    st.code() == StatusCode::kUnavailable)
+            << transport << ": " << st.ToString();
+      }
+    }
+    EXPECT_EQ(failed_batches, 1) << transport << ": the death was never reported";
+    EXPECT_LT(SecondsSince(t0), 30.0);
+    // Later requests fail at once too.
+    Status st = e->Transfer(reqs[0], seconds(5));
+    EXPECT_FALSE(st.ok());
+  }
+}
+
+TEST(PeerFailure, AStalledPeerFailsRequestsAtTheirDeadline) {
+  auto peer = test::StartPeer(16 << 20, 0);
+  ASSERT_TRUE(peer.ok());
+  auto e = MakeEngine("tcp");
+  auto s = e->OpenSegment(peer.value().segment);
+  ASSERT_TRUE(s.ok());
+  std::vector<char> buf(16 << 20);
+  ASSERT_TRUE(peer.value().proc->Signal(SIGSTOP).ok());
+  auto t0 = Clock::now();
+  Status st = e->Transfer({Op::kWrite, buf.data(), s.value(), peer.value().alloc_addr, 16 << 20},
+                          milliseconds(500));
+  double took = SecondsSince(t0);
+  peer.value().proc->Signal(SIGCONT).ok();
+  EXPECT_EQ(st.code(), StatusCode::kTimeout) << st.ToString();
+  EXPECT_LT(took, 5.0);
+  // Once the peer runs again, a fresh request succeeds.
+  EXPECT_TRUE(e->Transfer({Op::kRead, buf.data(), s.value(), peer.value().alloc_addr, 4096},
+                          seconds(10))
+                  .ok());
+}
+
+}  // namespace
+}  // namespace ferry

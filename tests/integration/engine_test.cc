@@ -1,0 +1,318 @@
+// Conformance suite of the transfer engine, run over every transport against a
+// peer in another process (the local transport targets the engine itself).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "ferry/engine.h"
+#include "integration/peer.h"
+
+namespace ferry {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+constexpr uint64_t kAlloc = 160ull << 20;
+constexpr uint64_t kHeap = 8ull << 20;
+
+TransportKind KindOf(const std::string& t) {
+  if (t == "tcp") return TransportKind::kTcp;
+  if (t == "shm") return TransportKind::kShm;
+  return TransportKind::kLocal;
+}
+
+class EngineConformance : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    EngineOptions o;
+    o.transport = GetParam() == "local" ? "" : GetParam();
+    auto e = Engine::Create(o);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    engine_ = std::move(e).value();
+    if (GetParam() == "local") {
+      auto a = engine_->AllocateMemory(kAlloc);
+      ASSERT_TRUE(a.ok());
+      alloc_ = reinterpret_cast<uint64_t>(a.value());
+      heap_mem_.resize(kHeap);
+      heap_ = reinterpret_cast<uint64_t>(heap_mem_.data());
+      ASSERT_TRUE(engine_->RegisterMemory(heap_mem_.data(), kHeap).ok());
+      name_ = engine_->name();
+    } else {
+      auto p = test::StartPeer(kAlloc, kHeap);
+      ASSERT_TRUE(p.ok()) << p.status().ToString();
+      peer_ = std::move(p).value();
+      alloc_ = peer_.alloc_addr;
+      heap_ = peer_.heap_addr;
+      name_ = peer_.segment;
+    }
+    auto s = engine_->OpenSegment(name_);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    seg_ = s.value();
+  }
+
+  // Writes `n` random bytes from an unaligned local buffer to `remote`, reads
+  // them back into another, and checks every byte and the serving transport.
+  void RoundTrip(uint64_t remote, size_t n, uint64_t seed) {
+    std::vector<char> src(n + 3), dst(n + 5, 0);
+    char* s = src.data() + 3;
+    char* d = dst.data() + 5;
+    test::FillRandom(s, n, seed);
+    Request w{Op::kWrite, s, seg_, remote, n};
+    auto b = engine_->Submit(std::span<const Request>(&w, 1));
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    ASSERT_TRUE(b.value()->Wait(seconds(60)).ok()) << b.value()->Poll().first_error.ToString();
+    EXPECT_EQ(b.value()->Result(0).transport, KindOf(GetParam()));
+    Request r{Op::kRead, d, seg_, remote, n};
+    ASSERT_TRUE(engine_->Transfer(r).ok());
+    ASSERT_EQ(0, std::memcmp(s, d, n)) << "size " << n << " at +" << (remote - alloc_);
+  }
+
+  std::unique_ptr<Engine> engine_;
+  test::Peer peer_;
+  std::vector<char> heap_mem_;
+  std::string name_;
+  SegmentId seg_ = 0;
+  uint64_t alloc_ = 0, heap_ = 0;
+};
+
+TEST_P(EngineConformance, SizesFromOneByteTo64MiBAtUnalignedOffsets) {
+  uint64_t seed = 1;
+  for (size_t n : {size_t{1}, size_t{7}, size_t{4095}, size_t{4096}, size_t{65537},
+                   size_t{(1 << 20) + 3}, size_t{(8 << 20) - 1}, size_t{64 << 20}}) {
+    RoundTrip(alloc_ + 1 + (seed * 4099) % 4096, n, seed);
+    ++seed;
+  }
+}
+
+TEST_P(EngineConformance, HeapMemoryRoundTrip) {
+  // Not memfd-backed: shm falls back to process_vm_readv/writev.
+  for (size_t n : {size_t{1}, size_t{3000}, size_t{(1 << 20) + 17}}) RoundTrip(heap_ + 13, n, n);
+}
+
+TEST_P(EngineConformance, BatchesFromOneTo1024) {
+  for (size_t batch : {size_t{1}, size_t{2}, size_t{17}, size_t{256}, size_t{1024}}) {
+    const size_t block = 1001;  // odd, so every request is unaligned
+    std::vector<char> src(batch * block), dst(batch * block, 0);
+    test::FillRandom(src.data(), src.size(), batch);
+    std::vector<Request> w, r;
+    for (size_t i = 0; i < batch; ++i) {
+      uint64_t remote = alloc_ + 5 + i * block;
+      w.push_back({Op::kWrite, src.data() + i * block, seg_, remote, block});
+      r.push_back({Op::kRead, dst.data() + i * block, seg_, remote, block});
+    }
+    auto wb = engine_->Submit(w);
+    ASSERT_TRUE(wb.ok());
+    ASSERT_TRUE(wb.value()->Wait(seconds(60)).ok()) << wb.value()->Poll().first_error.ToString();
+    BatchStatus st = wb.value()->Poll();
+    EXPECT_EQ(st.succeeded, batch);
+    EXPECT_EQ(st.failed, 0u);
+    auto rb = engine_->Submit(r);
+    ASSERT_TRUE(rb.ok());
+    ASSERT_TRUE(rb.value()->Wait(seconds(60)).ok());
+    for (size_t i = 0; i < batch; ++i) {
+      ASSERT_TRUE(rb.value()->Result(i).done);
+      ASSERT_EQ(rb.value()->Result(i).transport, KindOf(GetParam()));
+    }
+    ASSERT_EQ(0, std::memcmp(src.data(), dst.data(), src.size())) << "batch " << batch;
+  }
+}
+
+TEST_P(EngineConformance, SeveralSubmittingThreads) {
+  constexpr int kThreads = 4;
+  const uint64_t region = kAlloc / kThreads;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(static_cast<uint64_t>(t) + 100);
+      for (int iter = 0; iter < 30; ++iter) {
+        size_t n = 1 + rng() % (2 << 20);
+        uint64_t off = rng() % (region - n);
+        uint64_t remote = alloc_ + static_cast<uint64_t>(t) * region + off;
+        std::vector<char> src(n), dst(n);
+        test::FillRandom(src.data(), n, rng());
+        Request w{Op::kWrite, src.data(), seg_, remote, n};
+        Request r{Op::kRead, dst.data(), seg_, remote, n};
+        if (!engine_->Transfer(w).ok() || !engine_->Transfer(r).ok() ||
+            std::memcmp(src.data(), dst.data(), n) != 0) {
+          failures.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+TEST_P(EngineConformance, FreeingABatchInFlightCancelsAndReturns) {
+  std::vector<char> buf(16 << 20);
+  std::vector<Request> reqs;
+  for (int i = 0; i < 8; ++i) {
+    reqs.push_back({Op::kRead, buf.data() + (i % 8) * (2 << 20), seg_,
+                    alloc_ + static_cast<uint64_t>(i) * (16 << 20), 2 << 20});
+  }
+  for (int round = 0; round < 20; ++round) {
+    auto b = engine_->Submit(reqs);
+    ASSERT_TRUE(b.ok());
+    b.value().reset();  // must return, with no engine thread still writing into buf
+  }
+  std::memset(buf.data(), 0x5a, buf.size());
+  std::this_thread::sleep_for(milliseconds(50));
+  for (char c : buf) ASSERT_EQ(c, 0x5a);
+  RoundTrip(alloc_ + 11, 1 << 20, 42);  // the engine still serves
+}
+
+TEST_P(EngineConformance, OutOfRangeRemoteFailsThatRequestOnly) {
+  std::vector<char> buf(4096);
+  uint64_t end = alloc_ + kAlloc;
+  std::vector<Request> reqs = {
+      {Op::kWrite, buf.data(), seg_, alloc_ + 100, 4096},
+      {Op::kWrite, buf.data(), seg_, end - 100, 4096},  // crosses the end
+      {Op::kRead, buf.data(), seg_, 4096, 4096},        // never registered
+      {Op::kRead, buf.data(), seg_, alloc_ + 200, 4096},
+  };
+  auto b = engine_->Submit(reqs);
+  ASSERT_TRUE(b.ok());
+  Status st = b.value()->Wait(seconds(30));
+  EXPECT_EQ(st.code(), StatusCode::kOutOfRange) << st.ToString();
+  EXPECT_TRUE(b.value()->Result(0).status.ok());
+  EXPECT_EQ(b.value()->Result(1).status.code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(b.value()->Result(2).status.code(), StatusCode::kOutOfRange);
+  EXPECT_TRUE(b.value()->Result(3).status.ok());
+  EXPECT_EQ(b.value()->Poll().failed, 2u);
+  RoundTrip(alloc_ + 1, 10000, 3);  // still serving
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, EngineConformance,
+                         ::testing::Values("tcp", "shm", "local"),
+                         [](const auto& info) { return info.param; });
+
+// ---- transport selection ----
+
+TEST(TransportSelection, SameHostPeersUseShmUnlessTcpIsForced) {
+  auto peer = test::StartPeer(1 << 20, 0);
+  ASSERT_TRUE(peer.ok());
+  for (const char* forced : {"", "env:tcp", "tcp", "auto"}) {
+    std::string f = forced;
+    EngineOptions o;
+    if (f == "env:tcp") {
+      setenv("FERRY_TRANSPORT", "tcp", 1);
+    } else {
+      o.transport = f;
+    }
+    auto e = Engine::Create(o);
+    unsetenv("FERRY_TRANSPORT");
+    ASSERT_TRUE(e.ok());
+    auto s = e.value()->OpenSegment(peer.value().segment);
+    ASSERT_TRUE(s.ok());
+    auto info = e.value()->GetSegmentInfo(s.value());
+    ASSERT_TRUE(info.ok());
+    EXPECT_TRUE(info.value().same_host);
+    char c = 'x';
+    Request r{Op::kWrite, &c, s.value(), peer.value().alloc_addr, 1};
+    auto b = e.value()->Submit(std::span<const Request>(&r, 1));
+    ASSERT_TRUE(b.ok());
+    ASSERT_TRUE(b.value()->Wait(seconds(10)).ok());
+    TransportKind want = (f == "" || f == "auto") ? TransportKind::kShm : TransportKind::kTcp;
+    EXPECT_EQ(b.value()->Result(0).transport, want) << "forced=" << f;
+  }
+}
+
+TEST(TransportSelection, OwnSegmentCopiesLocally) {
+  auto e = Engine::Create({});
+  ASSERT_TRUE(e.ok());
+  auto mem = e.value()->AllocateMemory(1 << 20);
+  ASSERT_TRUE(mem.ok());
+  auto s = e.value()->OpenSegment(e.value()->name());
+  ASSERT_TRUE(s.ok());
+  char src[64] = "loopback", dst[64] = {};
+  Request w{Op::kWrite, src, s.value(), reinterpret_cast<uint64_t>(mem.value()) + 9, 64};
+  auto b = e.value()->Submit(std::span<const Request>(&w, 1));
+  ASSERT_TRUE(b.ok());
+  ASSERT_TRUE(b.value()->Wait(seconds(5)).ok());
+  EXPECT_EQ(b.value()->Result(0).transport, TransportKind::kLocal);
+  EXPECT_EQ(0, std::memcmp(static_cast<char*>(mem.value()) + 9, "loopback", 9));
+  Request r{Op::kRead, dst, s.value(), reinterpret_cast<uint64_t>(mem.value()) + 9, 64};
+  ASSERT_TRUE(e.value()->Transfer(r).ok());
+  EXPECT_STREQ(dst, "loopback");
+}
+
+TEST(EngineLifecycle, CreateAndDestroyInALoop) {
+  auto peer = test::StartPeer(1 << 20, 0);
+  ASSERT_TRUE(peer.ok());
+  for (int i = 0; i < 20; ++i) {
+    EngineOptions o;
+    o.transport = i % 2 ? "tcp" : "shm";
+    auto e = Engine::Create(o);
+    ASSERT_TRUE(e.ok());
+    auto s = e.value()->OpenSegment(peer.value().segment);
+    ASSERT_TRUE(s.ok());
+    char c[100] = {};
+    ASSERT_TRUE(e.value()->Transfer({Op::kRead, c, s.value(), peer.value().alloc_addr, 100}).ok());
+  }
+}
+
+TEST(EngineLifecycle, TwoEnginesInOneProcessTalk) {
+  auto a = Engine::Create({});
+  EngineOptions ot;
+  ot.transport = "tcp";
+  auto b = Engine::Create(ot);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto mem = a.value()->AllocateMemory(4096);
+  ASSERT_TRUE(mem.ok());
+  auto s = b.value()->OpenSegment(a.value()->name());
+  ASSERT_TRUE(s.ok());
+  char msg[] = "between engines";
+  auto b1 = b.value()->Submit(std::vector<Request>{
+      {Op::kWrite, msg, s.value(), reinterpret_cast<uint64_t>(mem.value()), sizeof(msg)}});
+  ASSERT_TRUE(b1.ok());
+  ASSERT_TRUE(b1.value()->Wait(seconds(5)).ok());
+  EXPECT_EQ(b1.value()->Result(0).transport, TransportKind::kTcp);
+  EXPECT_STREQ(static_cast<char*>(mem.value()), msg);
+}
+
+// ---- a restarted peer ----
+
+TEST(PeerRestart, NewEpochIsDetectedAndTheCacheRefreshed) {
+  for (const char* transport : {"tcp", "shm"}) {
+    auto peer = test::StartPeer(1 << 20, 0);
+    ASSERT_TRUE(peer.ok());
+    const uint16_t port = peer.value().port();
+    EngineOptions o;
+    o.transport = transport;
+    auto e = Engine::Create(o);
+    ASSERT_TRUE(e.ok());
+    auto s = e.value()->OpenSegment(peer.value().segment);
+    ASSERT_TRUE(s.ok());
+    char buf[256] = {};
+    Request r{Op::kRead, buf, s.value(), peer.value().alloc_addr, sizeof(buf)};
+    ASSERT_TRUE(e.value()->Transfer(r).ok());
+    const uint64_t old_epoch = e.value()->GetSegmentInfo(s.value()).value().epoch;
+
+    peer.value().proc.reset();  // SIGKILL
+    auto again = test::StartPeer(1 << 20, 0, port);
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    ASSERT_NE(again.value().epoch, old_epoch);
+
+    // The old addresses belong to a dead process: the request must fail, not
+    // land somewhere in the new one.
+    Status st = e.value()->Transfer(r, seconds(10));
+    EXPECT_TRUE(st.code() == StatusCode::kPeerRestarted ||
+                st.code() == StatusCode::kConnectionLost)
+        << transport << ": " << st.ToString();
+    auto info = e.value()->GetSegmentInfo(s.value());
+    ASSERT_TRUE(info.ok()) << info.status().ToString();
+    EXPECT_EQ(info.value().epoch, again.value().epoch) << transport;
+    ASSERT_FALSE(info.value().buffers.empty());
+    Request r2{Op::kRead, buf, s.value(), info.value().buffers[0].addr, sizeof(buf)};
+    EXPECT_TRUE(e.value()->Transfer(r2, seconds(10)).ok()) << transport;
+  }
+}
+
+}  // namespace
+}  // namespace ferry

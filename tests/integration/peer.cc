@@ -1,0 +1,50 @@
+#include "integration/peer.h"
+
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+namespace ferry::test {
+
+uint16_t Peer::port() const {
+  return static_cast<uint16_t>(std::stoi(segment.substr(segment.rfind(':') + 1)));
+}
+
+Result<Peer> StartPeer(uint64_t alloc_bytes, uint64_t heap_bytes, uint16_t port) {
+  auto proc = Subprocess::Spawn({FERRY_BIN, "serve", "--alloc", std::to_string(alloc_bytes),
+                                 "--heap", std::to_string(heap_bytes), "--port",
+                                 std::to_string(port)},
+                                true);
+  if (!proc.ok()) return proc.status();
+  auto line = proc.value()->ReadLine(std::chrono::seconds(20));
+  if (!line.ok()) return line.status();
+  auto j = nlohmann::json::parse(line.value(), nullptr, false);
+  if (j.is_discarded()) return Status(StatusCode::kInternal, "peer said: " + line.value());
+  Peer p;
+  p.proc = std::move(proc).value();
+  p.segment = j["segment"];
+  p.epoch = j["epoch"];
+  if (j.contains("alloc")) {
+    p.alloc_addr = j["alloc"]["addr"];
+    p.alloc_len = j["alloc"]["length"];
+  }
+  if (j.contains("heap")) {
+    p.heap_addr = j["heap"]["addr"];
+    p.heap_len = j["heap"]["length"];
+  }
+  return p;
+}
+
+void FillRandom(void* p, size_t n, uint64_t seed) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 0x1234567;
+  auto* c = static_cast<unsigned char*>(p);
+  for (size_t i = 0; i < n; ++i) {
+    if (i % 8 == 0) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+    }
+    c[i] = static_cast<unsigned char>(x >> (8 * (i % 8)));
+  }
+}
+
+}  // namespace ferry::test

@@ -1,0 +1,27 @@
+// A `ferry serve` peer in its own process, for tests that cross a process
+// boundary. The peer exposes engine-allocated (memfd) memory and heap memory.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "common/subprocess.h"
+
+namespace ferry::test {
+
+struct Peer {
+  std::unique_ptr<Subprocess> proc;
+  std::string segment;
+  uint64_t epoch = 0;
+  uint64_t alloc_addr = 0, alloc_len = 0;
+  uint64_t heap_addr = 0, heap_len = 0;
+  uint16_t port() const;
+};
+
+// Starts a peer; `port` 0 picks one. Extra args go to `ferry serve`.
+Result<Peer> StartPeer(uint64_t alloc_bytes, uint64_t heap_bytes, uint16_t port = 0);
+
+// Deterministic pseudo-random bytes.
+void FillRandom(void* p, size_t n, uint64_t seed);
+
+}  // namespace ferry::test
