@@ -7,6 +7,7 @@
 
 #include "common/log.h"
 #include "transfer/memory_registry.h"
+#include "transfer/socket_io.h"
 #include "transfer/wire.h"
 
 namespace ferry {
@@ -96,8 +97,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return Discard(h, h.length, st);
     }
     BeginFrame();
-    asio::async_read(sock_, asio::buffer(reinterpret_cast<void*>(h.addr), h.length),
-                     [self = shared_from_this(), h](auto ec, size_t) {
+    AsyncReadPayload(sock_, reinterpret_cast<char*>(h.addr), h.length, &lowat_,
+                     [self = shared_from_this(), h](asio::error_code ec) {
                        self->EndFrame();
                        if (ec) return self->Shutdown();
                        self->Reply({Opcode::kWriteAck, StatusCode::kOk, h.id, h.addr, 0}, nullptr);
@@ -165,6 +166,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   const Listener::DescriptorFn& descriptor_;
   std::string peer_;
   bool closed_ = false;
+  int lowat_ = 1;
   std::optional<Clock::time_point> frame_started_;
   uint8_t in_[wire::kHeaderSize];
   uint8_t out_[wire::kHeaderSize];

@@ -2,6 +2,7 @@
 
 #include "common/log.h"
 #include "transfer/segment.h"
+#include "transfer/socket_io.h"
 
 namespace ferry {
 
@@ -39,6 +40,7 @@ void Lane::Kick() {
 
 void Lane::Connect() {
   state_ = State::kConnecting;
+  lowat_ = 1;
   const uint64_t gen = ++gen_;
   connect_deadline_ = Deadline::After(cfg_.connect_timeout);
   ArmTimer();
@@ -171,8 +173,8 @@ void Lane::OnReply(uint64_t gen) {
   if (h.length != t.length) {
     return Fail(Status(StatusCode::kProtocolError, cfg_.peer_name + " sent a wrong read length"));
   }
-  asio::async_read(sock_, asio::buffer(t.local, t.length),
-                   [self = shared_from_this(), gen](asio::error_code ec, size_t) {
+  AsyncReadPayload(sock_, t.local, t.length, &lowat_,
+                   [self = shared_from_this(), gen](asio::error_code ec) {
                      if (gen != self->gen_) return;
                      if (ec) {
                        return self->Fail(Status(StatusCode::kConnectionLost,

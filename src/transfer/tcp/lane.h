@@ -68,6 +68,7 @@ class Lane : public std::enable_shared_from_this<Lane> {
   uint64_t gen_ = 0;  // bumped per connection; stale handlers see a mismatch
   bool writing_ = false;
   bool timer_armed_ = false;
+  int lowat_ = 1;  // the socket's SO_RCVLOWAT
   uint64_t next_id_ = 1;
   Clock::time_point last_progress_;
   Deadline connect_deadline_;
