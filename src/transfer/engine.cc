@@ -337,17 +337,18 @@ class Engine::Impl {
     std::unordered_map<SegmentId, std::shared_ptr<Segment>> segs;
     for (size_t i = 0; i < reqs.size(); ++i) {
       const Request& r = reqs[i];
-      std::string where = "request " + std::to_string(i) + ": ";
-      if (r.local == nullptr) return Status(StatusCode::kInvalidArgument, where + "null local address");
-      if (r.length == 0) return Status(StatusCode::kInvalidArgument, where + "zero length");
+      auto bad = [i](StatusCode code, const std::string& why) {
+        return Status(code, "request " + std::to_string(i) + ": " + why);
+      };
+      if (r.local == nullptr) return bad(StatusCode::kInvalidArgument, "null local address");
+      if (r.length == 0) return bad(StatusCode::kInvalidArgument, "zero length");
       if (r.op != Op::kRead && r.op != Op::kWrite) {
-        return Status(StatusCode::kInvalidArgument, where + "unknown op");
+        return bad(StatusCode::kInvalidArgument, "unknown op");
       }
       if (!segs.count(r.segment)) {
         auto seg = FindSegment(r.segment);
         if (!seg) {
-          return Status(StatusCode::kNotFound,
-                        where + "unknown segment " + std::to_string(r.segment));
+          return bad(StatusCode::kNotFound, "unknown segment " + std::to_string(r.segment));
         }
         segs.emplace(r.segment, std::move(seg));
       }

@@ -1,9 +1,8 @@
 // The local transport: a segment opened on the engine itself. Copies run on the
 // copy pool after the same range check the listener applies to peers.
-#include <cstring>
-
 #include "common/log.h"
 #include "common/thread_pool.h"
+#include "transfer/copy_task.h"
 #include "transfer/memory_registry.h"
 #include "transfer/segment.h"
 #include "transfer/transport.h"
@@ -26,19 +25,12 @@ class LocalEndpoint : public Endpoint, public std::enable_shared_from_this<Local
 
  private:
   Status Run(const Task& t) const {
-    if (closed_.load(std::memory_order_acquire)) return Status(StatusCode::kCancelled, "segment closed");
-    if (t.batch->cancelled()) return Status(StatusCode::kCancelled, "batch freed");
-    if (t.deadline.Expired()) return Status(StatusCode::kTimeout, "deadline passed before copy");
+    FERRY_RETURN_IF_ERROR(CheckRunnable(t, closed_.load(std::memory_order_acquire)));
     if (!registry_.Contains(t.remote, t.length)) {
       return Status(StatusCode::kOutOfRange,
                     fmt::format("0x{:x}+{} is not registered locally", t.remote, t.length));
     }
-    char* remote = reinterpret_cast<char*>(t.remote);
-    if (t.op == Op::kWrite) {
-      std::memmove(remote, t.local, t.length);
-    } else {
-      std::memmove(t.local, remote, t.length);
-    }
+    CopyTask(t, reinterpret_cast<char*>(t.remote));
     return Status::Ok();
   }
 

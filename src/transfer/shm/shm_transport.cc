@@ -20,6 +20,7 @@
 #include "common/host.h"
 #include "common/log.h"
 #include "common/thread_pool.h"
+#include "transfer/copy_task.h"
 #include "transfer/segment.h"
 #include "transfer/transport.h"
 
@@ -54,9 +55,7 @@ class ShmEndpoint : public Endpoint, public std::enable_shared_from_this<ShmEndp
   };
 
   Status Run(const Task& t) {
-    if (closed_.load(std::memory_order_acquire)) return Status(StatusCode::kCancelled, "segment closed");
-    if (t.batch->cancelled()) return Status(StatusCode::kCancelled, "batch freed");
-    if (t.deadline.Expired()) return Status(StatusCode::kTimeout, "deadline passed before copy");
+    FERRY_RETURN_IF_ERROR(CheckRunnable(t, closed_.load(std::memory_order_acquire)));
     if (PeerGone()) {
       if (auto seg = segment_.lock()) seg->MarkStale();
       return Status(StatusCode::kConnectionLost, name_ + " (pid " + std::to_string(desc_->pid) +
@@ -70,12 +69,7 @@ class ShmEndpoint : public Endpoint, public std::enable_shared_from_this<ShmEndp
     if (r->memfd >= 0) {
       auto base = Map(*r);
       if (!base.ok()) return base.status();
-      char* remote = base.value() + (t.remote - r->addr);
-      if (t.op == Op::kWrite) {
-        std::memcpy(remote, t.local, t.length);
-      } else {
-        std::memcpy(t.local, remote, t.length);
-      }
+      CopyTask(t, base.value() + (t.remote - r->addr));
       return Status::Ok();
     }
     return CrossProcess(t);
