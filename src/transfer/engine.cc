@@ -15,6 +15,7 @@
 #include "common/host.h"
 #include "common/log.h"
 #include "common/thread_pool.h"
+#include "gpu/gpu.h"
 #include "transfer/batch.h"
 #include "transfer/listener.h"
 #include "transfer/memory_registry.h"
@@ -134,6 +135,8 @@ class Engine::Impl {
     // process_vm_readv from same-host peers needs ptrace permission under Yama.
     if (options_.transport != "tcp") prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
 
+    has_gpu_ = gpu::DeviceCount() > 0;
+    FERRY_LOG_INFO("engine: {}", gpu::Describe());
     copy_pool_ = std::make_unique<ThreadPool>(options_.copy_threads);
     Listener::Config cfg{options_.host, options_.port, epoch_, options_.request_timeout};
     auto l = Listener::Start(io_, cfg, registry_, [this] { return EncodeDescriptor(Describe()); });
@@ -169,6 +172,7 @@ class Engine::Impl {
   }
 
   Status RegisterMemory(void* addr, size_t length) {
+    FERRY_RETURN_IF_ERROR(RequireHost(addr, "registration"));
     Region r;
     r.addr = reinterpret_cast<uint64_t>(addr);
     r.length = length;
@@ -342,6 +346,10 @@ class Engine::Impl {
       };
       if (r.local == nullptr) return bad(StatusCode::kInvalidArgument, "null local address");
       if (r.length == 0) return bad(StatusCode::kInvalidArgument, "zero length");
+      if (has_gpu_) {
+        Status host = RequireHost(r.local, "local buffer");
+        if (!host.ok()) return bad(host.code(), host.message());
+      }
       if (r.op != Op::kRead && r.op != Op::kWrite) {
         return bad(StatusCode::kInvalidArgument, "unknown op");
       }
@@ -426,6 +434,14 @@ class Engine::Impl {
         static_cast<int>(env::GetInt("FERRY_COPY_THREADS", options_.copy_threads));
   }
 
+  // The transports move host memory only, until the GPU paths land: GPU memory
+  // is refused here rather than faulting on a copy thread.
+  Status RequireHost(const void* p, const char* what) const {
+    if (!has_gpu_ || gpu::Classify(p).kind != gpu::MemoryKind::kDevice) return Status::Ok();
+    return Status(StatusCode::kNotSupported,
+                  std::string(what) + ": GPU memory is not supported by the transports yet");
+  }
+
   static void ReleaseOwned(const Region& r) {
     munmap(reinterpret_cast<void*>(r.addr), r.length);
     close(r.memfd);
@@ -433,6 +449,7 @@ class Engine::Impl {
 
   EngineOptions options_;
   std::string forced_;
+  bool has_gpu_ = false;
   uint64_t epoch_ = 0;
   std::string name_;
   asio::io_context io_;

@@ -1,5 +1,6 @@
 #include "integration/peer.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -9,8 +10,15 @@ uint16_t Peer::port() const {
   return static_cast<uint16_t>(std::stoi(segment.substr(segment.rfind(':') + 1)));
 }
 
+// The `ferry` binary: FERRY_BIN from the environment (binaries carried to
+// another machine), else the one built beside this test.
+static std::string FerryBin() {
+  const char* env = std::getenv("FERRY_BIN");
+  return env != nullptr && *env != '\0' ? env : FERRY_BIN;
+}
+
 Result<Peer> StartPeer(uint64_t alloc_bytes, uint64_t heap_bytes, uint16_t port) {
-  auto proc = Subprocess::Spawn({FERRY_BIN, "serve", "--alloc", std::to_string(alloc_bytes),
+  auto proc = Subprocess::Spawn({FerryBin(), "serve", "--alloc", std::to_string(alloc_bytes),
                                  "--heap", std::to_string(heap_bytes), "--port",
                                  std::to_string(port)},
                                 true);

@@ -1,0 +1,96 @@
+// Device probing and pointer classification with the CUDA runtime, linked
+// statically. Driver functions come through cudaGetDriverEntryPoint, so the
+// binary never links libcuda and starts on a machine without a driver.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <mutex>
+
+#include "gpu/gpu.h"
+
+namespace ferry::gpu {
+namespace {
+
+struct Probe {
+  int count = 0;
+  std::string description;
+  // cuMemGetAddressRange, from the driver at run time.
+  CUresult (*get_address_range)(CUdeviceptr*, size_t*, CUdeviceptr) = nullptr;
+};
+
+const Probe& GetProbe() {
+  static const Probe probe = [] {
+    Probe p;
+    int n = 0;
+    cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess || n <= 0) {
+      cudaGetLastError();  // clear the sticky error
+      p.description = std::string("no GPU: ") +
+                      (err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device");
+      return p;
+    }
+    p.count = n;
+    int runtime = 0, driver = 0;
+    cudaRuntimeGetVersion(&runtime);
+    cudaDriverGetVersion(&driver);
+    p.description = "CUDA runtime " + std::to_string(runtime / 1000) + "." +
+                    std::to_string(runtime % 1000 / 10) + ", driver " +
+                    std::to_string(driver / 1000) + "." + std::to_string(driver % 1000 / 10) +
+                    ", " + std::to_string(n) + " device(s)";
+    for (int d = 0; d < n; ++d) {
+      cudaDeviceProp prop{};
+      if (cudaGetDeviceProperties(&prop, d) == cudaSuccess) {
+        p.description += std::string(d == 0 ? ": " : ", ") + prop.name;
+      }
+    }
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault,
+                                         &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess) {
+      p.get_address_range = reinterpret_cast<decltype(p.get_address_range)>(fn);
+    }
+    return p;
+  }();
+  return probe;
+}
+
+}  // namespace
+
+int DeviceCount() { return GetProbe().count; }
+std::string Describe() { return GetProbe().description; }
+
+MemoryInfo Classify(const void* ptr) {
+  MemoryInfo info;
+  const Probe& probe = GetProbe();
+  if (probe.count == 0) return info;
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+    cudaGetLastError();
+    return info;
+  }
+  switch (attr.type) {
+    case cudaMemoryTypeHost:
+      info.kind = MemoryKind::kHostPinned;
+      break;
+    case cudaMemoryTypeDevice:
+    case cudaMemoryTypeManaged:
+      info.kind = MemoryKind::kDevice;
+      info.device = attr.device;
+      if (probe.get_address_range != nullptr) {
+        CUdeviceptr base = 0;
+        size_t size = 0;
+        if (probe.get_address_range(&base, &size, reinterpret_cast<CUdeviceptr>(ptr)) ==
+            CUDA_SUCCESS) {
+          info.alloc_base = static_cast<uint64_t>(base);
+          info.alloc_size = size;
+        }
+      }
+      break;
+    default:
+      break;
+  }
+  return info;
+}
+
+}  // namespace ferry::gpu

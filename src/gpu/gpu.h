@@ -1,0 +1,36 @@
+// The GPU layer's view for everything above it. No CUDA type appears here:
+// src/gpu is the only code that includes CUDA headers.
+//
+// Without CUDA at build time, or without a driver or device at run time (any
+// error from cudaGetDeviceCount), there is no GPU: every pointer is host
+// memory and the engine serves host memory only.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace ferry::gpu {
+
+enum class MemoryKind : uint8_t { kHostPageable = 0, kHostPinned = 1, kDevice = 2 };
+
+struct MemoryInfo {
+  MemoryKind kind = MemoryKind::kHostPageable;
+  int device = -1;          // the owning GPU for kDevice
+  uint64_t alloc_base = 0;  // kDevice: start of the whole allocation (for IPC export)
+  uint64_t alloc_size = 0;
+};
+
+// Usable GPUs; 0 when there is none. Probed once per process.
+int DeviceCount();
+
+// One line for logs and tools: the runtime, the devices, or why there are none.
+std::string Describe();
+
+// Classifies [p, p+length) from its pointer attributes. Called once, when
+// memory is registered, never per request.
+MemoryInfo Classify(const void* p);
+
+std::string_view MemoryKindName(MemoryKind kind);
+
+}  // namespace ferry::gpu
