@@ -144,7 +144,8 @@ class Engine {
   // the whole batch before anything moves. Per-request failures, such as an
   // out-of-range remote address, are reported through the Batch. `timeout` is
   // each request's deadline, covering queueing and payload progress; zero means
-  // request_timeout.
+  // request_timeout. The requests of a batch, and of concurrent batches, run in
+  // no set order: ranges written by one must not overlap ranges another touches.
   Result<std::unique_ptr<Batch>> Submit(std::span<const Request> requests,
                                         std::chrono::milliseconds timeout = {});
   // Submits one request and waits for it.

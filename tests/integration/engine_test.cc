@@ -168,13 +168,14 @@ TEST_P(EngineConformance, FreeingABatchInFlightCancelsAndReturns) {
 }
 
 TEST_P(EngineConformance, OutOfRangeRemoteFailsThatRequestOnly) {
-  std::vector<char> buf(4096);
+  // Disjoint buffers and ranges: the requests of a batch run concurrently.
+  std::vector<char> buf(4 * 4096);
   uint64_t end = alloc_ + kAlloc;
   std::vector<Request> reqs = {
       {Op::kWrite, buf.data(), seg_, alloc_ + 100, 4096},
-      {Op::kWrite, buf.data(), seg_, end - 100, 4096},  // crosses the end
-      {Op::kRead, buf.data(), seg_, 4096, 4096},        // never registered
-      {Op::kRead, buf.data(), seg_, alloc_ + 200, 4096},
+      {Op::kWrite, buf.data() + 4096, seg_, end - 100, 4096},  // crosses the end
+      {Op::kRead, buf.data() + 8192, seg_, 4096, 4096},        // never registered
+      {Op::kRead, buf.data() + 12288, seg_, alloc_ + 8192, 4096},
   };
   auto b = engine_->Submit(reqs);
   ASSERT_TRUE(b.ok());

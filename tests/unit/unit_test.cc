@@ -2,6 +2,12 @@
 // descriptor codec, memory registry, segment names and batch bookkeeping.
 #include <gtest/gtest.h>
 
+#include <asio.hpp>  // after standard headers: see asio_first.cc
+
+#ifdef ASIO_HAS_STD_ALIGNED_ALLOC
+#error "asio's aligned allocation must be disabled for every file; see CMakeLists.txt"
+#endif
+
 #include "common/bytes.h"
 #include "ferry/status.h"
 #include "transfer/batch.h"
