@@ -50,7 +50,9 @@ struct EngineOptions {
   int tcp_lanes = 4;                      // connections per peer; env FERRY_TCP_LANES
   uint64_t tcp_chunk_bytes = 512 << 10;   // slice size over TCP; env FERRY_TCP_CHUNK_BYTES
   int tcp_chunks_in_flight = 4;           // per lane; env FERRY_TCP_INFLIGHT
-  int io_threads = 1;                     // network threads; env FERRY_IO_THREADS
+  // Network threads; env FERRY_IO_THREADS. 0: one per 4 cores, at most
+  // tcp_lanes, so lanes move data in parallel where cores allow.
+  int io_threads = 0;
   int copy_threads = 2;                   // shm and local copy threads; env FERRY_COPY_THREADS
   std::chrono::milliseconds request_timeout{30000};  // default deadline of a request
   std::chrono::milliseconds connect_timeout{5000};   // connects and descriptor fetches

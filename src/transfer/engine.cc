@@ -138,7 +138,8 @@ class Engine::Impl {
     has_gpu_ = gpu::DeviceCount() > 0;
     FERRY_LOG_INFO("engine: {}", gpu::Describe());
     copy_pool_ = std::make_unique<ThreadPool>(options_.copy_threads);
-    Listener::Config cfg{options_.host, options_.port, epoch_, options_.request_timeout};
+    Listener::Config cfg{options_.host, options_.port, epoch_, options_.request_timeout,
+                         static_cast<size_t>(env::GetInt("FERRY_MAX_CONNECTIONS", 1024))};
     auto l = Listener::Start(io_, cfg, registry_, [this] { return EncodeDescriptor(Describe()); });
     if (!l.ok()) return l.status();
     listener_ = std::move(l).value();
@@ -150,7 +151,12 @@ class Engine::Impl {
     for (const auto& reg : RegisteredTransports()) transports_.push_back(reg.factory(*ctx_));
     std::sort(transports_.begin(), transports_.end(),
               [](const auto& a, const auto& b) { return a->caps().priority < b->caps().priority; });
-    for (int i = 0; i < std::max(1, options_.io_threads); ++i) {
+    int io_threads = options_.io_threads;
+    if (io_threads <= 0) {
+      int cores = static_cast<int>(std::thread::hardware_concurrency());
+      io_threads = std::clamp(cores / 4, 1, options_.tcp_lanes);
+    }
+    for (int i = 0; i < io_threads; ++i) {
       io_threads_.emplace_back([this] { io_.run(); });
     }
     return Status::Ok();

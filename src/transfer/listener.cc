@@ -220,12 +220,19 @@ class ListenerImpl : public Listener {
       if (ec == asio::error::operation_aborted) return;
       if (!ec) {
         auto c = std::make_shared<Connection>(std::move(sock), cfg_, registry_, descriptor_);
+        bool admitted;
         {
           std::lock_guard lk(mu_);
           conns_.remove_if([](auto& w) { return w.expired(); });
-          conns_.push_back(c);
+          admitted = conns_.size() < cfg_.max_connections;
+          if (admitted) conns_.push_back(c);
         }
-        c->Start();
+        if (admitted) {
+          c->Start();
+        } else {
+          FERRY_LOG_WARN("listener: refusing a connection: {} already open", cfg_.max_connections);
+          c->Close();
+        }
       }
       if (acceptor_.is_open()) Accept();
     });

@@ -30,6 +30,8 @@ class Listener {
     uint64_t epoch = 0;
     // Bound on receiving one frame's payload once its header arrived.
     Millis frame_timeout{30000};
+    // Connections beyond this are closed at once; env FERRY_MAX_CONNECTIONS.
+    size_t max_connections = 1024;
   };
   using DescriptorFn = std::function<std::vector<uint8_t>()>;
 

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -219,6 +220,32 @@ TEST(BadInput, MalformedAndTruncatedFramesCloseOnlyThatConnection) {
   char tail[10] = {};
   ASSERT_TRUE(e->Transfer({Op::kRead, tail, s.value(), base + (1 << 20) - 10, 10}).ok());
   for (char ch : tail) EXPECT_EQ(ch, 0);
+}
+
+TEST(BadInput, ConnectionsBeyondTheLimitAreRefusedAndTheRestServed) {
+  setenv("FERRY_MAX_CONNECTIONS", "3", 1);
+  auto peer = test::StartPeer(1 << 20, 0);
+  unsetenv("FERRY_MAX_CONNECTIONS");
+  ASSERT_TRUE(peer.ok());
+  const uint16_t port = peer.value().port();
+  std::vector<std::unique_ptr<RawClient>> held;
+  for (int i = 0; i < 3; ++i) {
+    held.push_back(std::make_unique<RawClient>(port));
+    held.back()->SendHeader(wire::Opcode::kHello, 0, 0);
+    auto h = held.back()->ReadHeader();
+    ASSERT_TRUE(h.has_value()) << i;
+    EXPECT_EQ(h->opcode, wire::Opcode::kHelloAck);
+  }
+  RawClient extra(port);
+  extra.SendHeader(wire::Opcode::kHello, 0, 0);
+  EXPECT_FALSE(extra.ReadHeader().has_value());
+  EXPECT_FALSE(extra.timed_out());
+  // Closing one makes room again.
+  held.pop_back();
+  std::this_thread::sleep_for(milliseconds(100));
+  RawClient again(port);
+  again.SendHeader(wire::Opcode::kHello, 0, 0);
+  EXPECT_TRUE(again.ReadHeader().has_value());
 }
 
 TEST(BadInput, MalformedDescriptorReplyIsAProtocolError) {
