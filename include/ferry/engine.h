@@ -47,13 +47,13 @@ struct EngineOptions {
   // "" picks the best transport per peer; "tcp" or "shm" forces one for remote
   // segments. Env FERRY_TRANSPORT applies when this is empty.
   std::string transport;
-  int tcp_lanes = 4;                      // connections per peer; env FERRY_TCP_LANES
-  uint64_t tcp_chunk_bytes = 512 << 10;   // slice size over TCP; env FERRY_TCP_CHUNK_BYTES
-  int tcp_chunks_in_flight = 4;           // per lane; env FERRY_TCP_INFLIGHT
+  int tcp_lanes = 4;                     // connections per peer; env FERRY_TCP_LANES
+  uint64_t tcp_chunk_bytes = 512 << 10;  // slice size over TCP; env FERRY_TCP_CHUNK_BYTES
+  int tcp_chunks_in_flight = 4;          // per lane; env FERRY_TCP_INFLIGHT
   // Network threads; env FERRY_IO_THREADS. 0: one per 4 cores, at most
   // tcp_lanes, so lanes move data in parallel where cores allow.
   int io_threads = 0;
-  int copy_threads = 2;                   // shm and local copy threads; env FERRY_COPY_THREADS
+  int copy_threads = 2;  // shm and local copy threads; env FERRY_COPY_THREADS
   std::chrono::milliseconds request_timeout{30000};  // default deadline of a request
   std::chrono::milliseconds connect_timeout{5000};   // connects and descriptor fetches
 };

@@ -14,19 +14,19 @@ namespace ferry {
 // Codes are stable: they travel on the wire as one byte.
 enum class StatusCode : uint8_t {
   kOk = 0,
-  kInvalidArgument = 1,   // the caller's input is wrong (zero length, bad name, ...)
-  kNotFound = 2,          // unknown segment, region or batch
-  kAlreadyExists = 3,     // e.g. an overlapping registration
-  kOutOfRange = 4,        // a remote range outside the target's registered memory
-  kTimeout = 5,           // a deadline passed
-  kCancelled = 6,         // the batch was freed before this request ran
-  kConnectionLost = 7,    // the peer closed or died
-  kProtocolError = 8,     // a malformed frame
-  kNotSupported = 9,      // the operation has no implementation on this path
+  kInvalidArgument = 1,  // the caller's input is wrong (zero length, bad name, ...)
+  kNotFound = 2,         // unknown segment, region or batch
+  kAlreadyExists = 3,    // e.g. an overlapping registration
+  kOutOfRange = 4,       // a remote range outside the target's registered memory
+  kTimeout = 5,          // a deadline passed
+  kCancelled = 6,        // the batch was freed before this request ran
+  kConnectionLost = 7,   // the peer closed or died
+  kProtocolError = 8,    // a malformed frame
+  kNotSupported = 9,     // the operation has no implementation on this path
   kResourceExhausted = 10,
-  kUnavailable = 11,      // the peer cannot be reached
-  kPeerRestarted = 12,    // the peer's epoch changed; its addresses are void
-  kIoError = 13,          // a system call failed
+  kUnavailable = 11,    // the peer cannot be reached
+  kPeerRestarted = 12,  // the peer's epoch changed; its addresses are void
+  kIoError = 13,        // a system call failed
   kInternal = 14,
 };
 
@@ -56,7 +56,7 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : v_(std::move(value)) {}         // NOLINT: implicit by design
   Result(Status status) : v_(std::move(status)) {}  // NOLINT
 
   bool ok() const { return std::holds_alternative<T>(v_); }
@@ -75,10 +75,10 @@ class [[nodiscard]] Result {
 #define FERRY_CONCAT(a, b) FERRY_CONCAT_INNER(a, b)
 
 // Returns the Status of `expr` from the enclosing function when it is not OK.
-#define FERRY_RETURN_IF_ERROR(expr)            \
-  do {                                         \
-    ::ferry::Status _ferry_st = (expr);        \
-    if (!_ferry_st.ok()) return _ferry_st;     \
+#define FERRY_RETURN_IF_ERROR(expr)        \
+  do {                                     \
+    ::ferry::Status _ferry_st = (expr);    \
+    if (!_ferry_st.ok()) return _ferry_st; \
   } while (0)
 
 // `lhs = value of expr`, or returns its Status from the enclosing function.

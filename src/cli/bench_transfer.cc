@@ -9,8 +9,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <csignal>
 #include <atomic>
+#include <csignal>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -208,7 +208,8 @@ int RunInitiator(const BenchArgs& a) {
     workers.emplace_back([&, t] {
       std::vector<Request> reqs(static_cast<size_t>(a.batch_size));
       for (int i = 0; i < a.batch_size; ++i) {
-        uint64_t off = static_cast<uint64_t>(t) * per_thread + static_cast<uint64_t>(i) * a.block_size;
+        uint64_t off =
+            static_cast<uint64_t>(t) * per_thread + static_cast<uint64_t>(i) * a.block_size;
         reqs[static_cast<size_t>(i)] = {op, lbase + off, seg.value(), remote + off, a.block_size};
       }
       while (!stop.load(std::memory_order_relaxed)) {
@@ -259,21 +260,27 @@ int RunInitiator(const BenchArgs& a) {
   }
   const double ratio = ref > 0 ? gbps / ref : 0;
 
-  std::printf("%-9s %-6s %12s %7s %7s %9s %12s %10s %10s %14s %8s\n", "transport", "op",
-              "block", "batch", "threads", "GB/s", "ops/s", "p50_us", "p99_us", "reference GB/s",
-              "ratio");
+  std::printf("%-9s %-6s %12s %7s %7s %9s %12s %10s %10s %14s %8s\n", "transport", "op", "block",
+              "batch", "threads", "GB/s", "ops/s", "p50_us", "p99_us", "reference GB/s", "ratio");
   std::printf("%-9s %-6s %12llu %7d %7d %9.3f %12.0f %10.1f %10.1f %14.3f %8.3f\n", served.c_str(),
               a.op.c_str(), static_cast<unsigned long long>(a.block_size), a.batch_size, a.threads,
               gbps, ops, p50, p99, ref, ratio);
   std::printf("(latency is per batch; reference is %s)\n", ref_name.c_str());
   if (a.json) {
-    nlohmann::json j = {{"transport", served},       {"op", a.op},
-                        {"block_size", a.block_size}, {"batch_size", a.batch_size},
-                        {"threads", a.threads},       {"duration_s", secs},
-                        {"bytes", total},             {"gbps", gbps},
-                        {"ops_per_s", ops},           {"p50_us", p50},
-                        {"p99_us", p99},              {"reference", ref_name},
-                        {"reference_gbps", ref},      {"ratio", ratio}};
+    nlohmann::json j = {{"transport", served},
+                        {"op", a.op},
+                        {"block_size", a.block_size},
+                        {"batch_size", a.batch_size},
+                        {"threads", a.threads},
+                        {"duration_s", secs},
+                        {"bytes", total},
+                        {"gbps", gbps},
+                        {"ops_per_s", ops},
+                        {"p50_us", p50},
+                        {"p99_us", p99},
+                        {"reference", ref_name},
+                        {"reference_gbps", ref},
+                        {"ratio", ratio}};
     std::printf("%s\n", j.dump().c_str());
   }
   std::fflush(stdout);
@@ -306,8 +313,9 @@ int RunBoth(const BenchArgs& a) {
     std::fprintf(stderr, "bench: the target did not start\n");
     return 1;
   }
-  std::vector<std::string> iargv = {self, "bench", "transfer", "--mode", "initiator",
-                                    "--peer", seg, "--ref-port", std::to_string(ref_port)};
+  std::vector<std::string> iargv = {self,     "bench",      "transfer",
+                                    "--mode", "initiator",  "--peer",
+                                    seg,      "--ref-port", std::to_string(ref_port)};
   for (auto& s : CommonArgs(a)) iargv.push_back(s);
   if (a.json) iargv.push_back("--json");
   auto init = Subprocess::Spawn(iargv, false);

@@ -32,8 +32,8 @@ struct Moved {
 
 // Writes `total` bytes to the peer in batches of 64 MiB requests, reads them
 // back, and compares every byte.
-Result<Moved> RoundTrips(Engine& e, SegmentId seg, uint64_t remote, uint64_t buffer,
-                         uint64_t total, TransportKind expect) {
+Result<Moved> RoundTrips(Engine& e, SegmentId seg, uint64_t remote, uint64_t buffer, uint64_t total,
+                         TransportKind expect) {
   std::vector<char> src(buffer), dst(buffer);
   const uint64_t block = std::min<uint64_t>(buffer, 64ull << 20);
   Moved m;
@@ -75,8 +75,8 @@ Result<Moved> RoundTrips(Engine& e, SegmentId seg, uint64_t remote, uint64_t buf
 int Demo(const DemoArgs& args) {
   std::printf("ferry demo: a peer process, %llu MiB written and read back per transport\n",
               static_cast<unsigned long long>(args.bytes >> 20));
-  auto peer = Subprocess::Spawn(
-      {SelfExe(), "serve", "--alloc", std::to_string(args.buffer) + "B"}, true);
+  auto peer =
+      Subprocess::Spawn({SelfExe(), "serve", "--alloc", std::to_string(args.buffer) + "B"}, true);
   if (!peer.ok()) {
     std::fprintf(stderr, "demo: %s\n", peer.status().ToString().c_str());
     return 1;
@@ -117,9 +117,9 @@ int Demo(const DemoArgs& args) {
       remote = reinterpret_cast<uint64_t>(mem.value());
     }
     auto seg = e.value()->OpenSegment(name);
-    Result<Moved> r = seg.ok() ? RoundTrips(*e.value(), seg.value(), remote, args.buffer,
-                                            args.bytes, c.kind)
-                               : Result<Moved>(seg.status());
+    Result<Moved> r =
+        seg.ok() ? RoundTrips(*e.value(), seg.value(), remote, args.buffer, args.bytes, c.kind)
+                 : Result<Moved>(seg.status());
     if (r.ok()) {
       std::printf("  %-5s  write %6.2f GB/s  read %6.2f GB/s  every byte verified\n", c.transport,
                   r.value().write_gbps, r.value().read_gbps);

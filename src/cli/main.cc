@@ -17,11 +17,16 @@ Result<uint64_t> ParseSize(const std::string& s) {
   }
   std::string unit = s.substr(pos);
   uint64_t mul = 1;
-  if (unit == "" || unit == "B") mul = 1;
-  else if (unit == "K" || unit == "KiB" || unit == "k") mul = 1ull << 10;
-  else if (unit == "M" || unit == "MiB") mul = 1ull << 20;
-  else if (unit == "G" || unit == "GiB") mul = 1ull << 30;
-  else return Status(StatusCode::kInvalidArgument, "bad size unit in '" + s + "'");
+  if (unit == "" || unit == "B")
+    mul = 1;
+  else if (unit == "K" || unit == "KiB" || unit == "k")
+    mul = 1ull << 10;
+  else if (unit == "M" || unit == "MiB")
+    mul = 1ull << 20;
+  else if (unit == "G" || unit == "GiB")
+    mul = 1ull << 30;
+  else
+    return Status(StatusCode::kInvalidArgument, "bad size unit in '" + s + "'");
   return v * mul;
 }
 
@@ -87,7 +92,8 @@ int main(int argc, char** argv) {
   bt->add_option("--block-size", block, "Bytes per request (e.g. 65536, 1MiB)");
   bt->add_option("--batch-size", b.batch_size, "Requests per batch")->check(CLI::Range(1, 65536));
   bt->add_option("--threads", b.threads, "Submitting threads")->check(CLI::Range(1, 64));
-  bt->add_option("--duration", b.duration, "Seconds of engine traffic")->check(CLI::Range(0.1, 3600.0));
+  bt->add_option("--duration", b.duration, "Seconds of engine traffic")
+      ->check(CLI::Range(0.1, 3600.0));
   bt->add_flag("--json", b.json, "End with one JSON line");
   bt->add_option("--host", b.host, "target: address to listen on");
   bt->add_option("--port", b.port, "target: port (0 picks one)");

@@ -18,8 +18,8 @@ struct RegionDesc {
 };
 
 struct SegmentDescriptor {
-  uint64_t epoch = 0;       // random per process start, never 0
-  std::string host_id;      // see HostIdentity()
+  uint64_t epoch = 0;   // random per process start, never 0
+  std::string host_id;  // see HostIdentity()
   uint32_t pid = 0;
   std::vector<std::string> transports;  // what the owner serves, e.g. "tcp", "shm"
   std::vector<RegionDesc> regions;      // sorted by addr, non-overlapping

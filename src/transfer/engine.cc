@@ -5,8 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <optional>
 #include <asio.hpp>
+#include <optional>
 #include <random>
 #include <thread>
 #include <unordered_map>
@@ -27,10 +27,14 @@ namespace ferry {
 
 std::string_view TransportName(TransportKind kind) {
   switch (kind) {
-    case TransportKind::kNone: return "none";
-    case TransportKind::kLocal: return "local";
-    case TransportKind::kShm: return "shm";
-    case TransportKind::kTcp: return "tcp";
+    case TransportKind::kNone:
+      return "none";
+    case TransportKind::kLocal:
+      return "local";
+    case TransportKind::kShm:
+      return "shm";
+    case TransportKind::kTcp:
+      return "tcp";
   }
   return "unknown";
 }
@@ -70,8 +74,8 @@ RequestResult Batch::Result(size_t index) const { return state_->Result(index); 
 
 Status Batch::Wait(std::chrono::milliseconds timeout) {
   if (!state_->WaitDone(Deadline::After(timeout))) {
-    return Status(StatusCode::kTimeout, "batch not done within " +
-                                            std::to_string(timeout.count()) + " ms");
+    return Status(StatusCode::kTimeout,
+                  "batch not done within " + std::to_string(timeout.count()) + " ms");
   }
   return state_->Poll().first_error;
 }
@@ -117,8 +121,7 @@ class Engine::Impl {
       return Status(StatusCode::kNotSupported,
                     "metadata '" + options_.metadata + "' is not supported; use p2p");
     }
-    if (!options_.transport.empty() && options_.transport != "tcp" &&
-        options_.transport != "shm") {
+    if (!options_.transport.empty() && options_.transport != "tcp" && options_.transport != "shm") {
       return Status(StatusCode::kInvalidArgument,
                     "transport must be tcp, shm or empty, not '" + options_.transport + "'");
     }
@@ -143,9 +146,9 @@ class Engine::Impl {
     auto l = Listener::Start(io_, cfg, registry_, [this] { return EncodeDescriptor(Describe()); });
     if (!l.ok()) return l.status();
     listener_ = std::move(l).value();
-    name_ = (options_.host.find(':') != std::string::npos ? "[" + options_.host + "]"
-                                                          : options_.host) +
-            ":" + std::to_string(listener_->port());
+    name_ =
+        (options_.host.find(':') != std::string::npos ? "[" + options_.host + "]" : options_.host) +
+        ":" + std::to_string(listener_->port());
 
     ctx_ = std::make_unique<EngineContext>(EngineContext{options_, io_, *copy_pool_, registry_});
     for (const auto& reg : RegisteredTransports()) transports_.push_back(reg.factory(*ctx_));
@@ -191,7 +194,8 @@ class Engine::Impl {
     if (r.value().owned) {
       // Engine memory goes through FreeMemory; put it back rather than leak it.
       (void)registry_.Add(r.value());
-      return Status(StatusCode::kInvalidArgument, "memory from AllocateMemory is freed by FreeMemory");
+      return Status(StatusCode::kInvalidArgument,
+                    "memory from AllocateMemory is freed by FreeMemory");
     }
     return Status::Ok();
   }

@@ -22,7 +22,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
  public:
   Connection(tcp::socket sock, const Listener::Config& cfg, const MemoryRegistry& registry,
              const Listener::DescriptorFn& descriptor)
-      : sock_(std::move(sock)), timer_(sock_.get_executor()), cfg_(cfg), registry_(registry),
+      : sock_(std::move(sock)),
+        timer_(sock_.get_executor()),
+        cfg_(cfg),
+        registry_(registry),
         descriptor_(descriptor) {}
 
   void Start() {
@@ -68,17 +71,20 @@ class Connection : public std::enable_shared_from_this<Connection> {
     const Header h = decoded.value();
     switch (h.opcode) {
       case Opcode::kHello: {
-        StatusCode st = (h.addr == 0 || h.addr == cfg_.epoch) ? StatusCode::kOk
-                                                              : StatusCode::kPeerRestarted;
+        StatusCode st =
+            (h.addr == 0 || h.addr == cfg_.epoch) ? StatusCode::kOk : StatusCode::kPeerRestarted;
         return Reply({Opcode::kHelloAck, st, h.id, cfg_.epoch, 0}, nullptr);
       }
       case Opcode::kGetDescriptor: {
         desc_ = descriptor_();
         return Reply({Opcode::kDescriptor, StatusCode::kOk, h.id, 0, desc_.size()}, desc_.data());
       }
-      case Opcode::kWrite: return HandleWrite(h);
-      case Opcode::kRead: return HandleRead(h);
-      default: return Drop("unexpected opcode " + std::to_string(static_cast<int>(h.opcode)));
+      case Opcode::kWrite:
+        return HandleWrite(h);
+      case Opcode::kRead:
+        return HandleRead(h);
+      default:
+        return Drop("unexpected opcode " + std::to_string(static_cast<int>(h.opcode)));
     }
   }
 
@@ -92,8 +98,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (h.length > wire::kMaxPayload) return Drop("write payload too large");
     StatusCode st = Check(h);
     if (st != StatusCode::kOk) {
-      FERRY_LOG_WARN("listener: write from {} rejected: {} at 0x{:x}+{}", peer_,
-                     StatusCodeName(st), h.addr, h.length);
+      FERRY_LOG_WARN("listener: write from {} rejected: {} at 0x{:x}+{}", peer_, StatusCodeName(st),
+                     h.addr, h.length);
       return Discard(h, h.length, st);
     }
     BeginFrame();
@@ -123,8 +129,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (h.length > wire::kMaxPayload) return Drop("read length too large");
     StatusCode st = Check(h);
     if (st != StatusCode::kOk) {
-      FERRY_LOG_WARN("listener: read from {} rejected: {} at 0x{:x}+{}", peer_,
-                     StatusCodeName(st), h.addr, h.length);
+      FERRY_LOG_WARN("listener: read from {} rejected: {} at 0x{:x}+{}", peer_, StatusCodeName(st),
+                     h.addr, h.length);
       return Reply({Opcode::kReadData, st, h.id, h.addr, 0}, nullptr);
     }
     Reply({Opcode::kReadData, StatusCode::kOk, h.id, h.addr, h.length},
@@ -134,8 +140,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Sends a header and, when `payload` is set, h.length bytes; then reads on.
   void Reply(const Header& h, const void* payload) {
     wire::EncodeHeader(h, out_);
-    std::array<asio::const_buffer, 2> bufs = {
-        asio::buffer(out_), asio::buffer(payload, payload ? h.length : 0)};
+    std::array<asio::const_buffer, 2> bufs = {asio::buffer(out_),
+                                              asio::buffer(payload, payload ? h.length : 0)};
     BeginFrame();
     asio::async_write(sock_, bufs, [self = shared_from_this()](auto ec, size_t) {
       self->EndFrame();
@@ -178,7 +184,10 @@ class ListenerImpl : public Listener {
  public:
   ListenerImpl(asio::io_context& io, const Config& cfg, const MemoryRegistry& registry,
                DescriptorFn descriptor)
-      : io_(io), cfg_(cfg), registry_(registry), descriptor_(std::move(descriptor)),
+      : io_(io),
+        cfg_(cfg),
+        registry_(registry),
+        descriptor_(std::move(descriptor)),
         acceptor_(asio::make_strand(io)) {}
 
   Status Bind() {
@@ -191,9 +200,8 @@ class ListenerImpl : public Listener {
     if (!ec) acceptor_.bind(ep, ec);
     if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
     if (ec) {
-      return Status(StatusCode::kUnavailable,
-                    "cannot listen on " + cfg_.host + ":" + std::to_string(cfg_.port) + ": " +
-                        ec.message());
+      return Status(StatusCode::kUnavailable, "cannot listen on " + cfg_.host + ":" +
+                                                  std::to_string(cfg_.port) + ": " + ec.message());
     }
     port_ = acceptor_.local_endpoint().port();
     Accept();

@@ -36,8 +36,8 @@ Result<SegmentDescriptor> FetchDescriptor(const SegmentAddress& addr, Millis tim
   asio::io_context io;
   tcp::socket sock(io);
   const std::string who = addr.host + ":" + std::to_string(addr.port);
-  Status result(StatusCode::kTimeout, "no descriptor from " + who + " within " +
-                                          std::to_string(timeout.count()) + " ms");
+  Status result(StatusCode::kTimeout,
+                "no descriptor from " + who + " within " + std::to_string(timeout.count()) + " ms");
   SegmentDescriptor desc;
   uint8_t out[wire::kHeaderSize];
   uint8_t in[wire::kHeaderSize];

@@ -47,14 +47,15 @@ void AsyncReadPayload(asio::ip::tcp::socket& sock, char* dst, uint64_t left, int
   }
   // Never ask for more than remains, or the last bytes would never wake us.
   SetRcvLowat(fd, lowat, static_cast<int>(std::min<uint64_t>(left, kPayloadLowat)));
-  sock.async_wait(asio::ip::tcp::socket::wait_read,
-                  [&sock, dst, left, lowat, handler = std::move(handler)](asio::error_code ec) mutable {
-                    if (ec) {
-                      SetRcvLowat(sock.native_handle(), lowat, 1);
-                      return handler(ec);
-                    }
-                    AsyncReadPayload(sock, dst, left, lowat, std::move(handler));
-                  });
+  sock.async_wait(
+      asio::ip::tcp::socket::wait_read,
+      [&sock, dst, left, lowat, handler = std::move(handler)](asio::error_code ec) mutable {
+        if (ec) {
+          SetRcvLowat(sock.native_handle(), lowat, 1);
+          return handler(ec);
+        }
+        AsyncReadPayload(sock, dst, left, lowat, std::move(handler));
+      });
 }
 
 }  // namespace ferry

@@ -70,6 +70,6 @@ std::vector<TransportRegistration> RegisteredTransports();
 
 }  // namespace ferry
 
-#define FERRY_REGISTER_TRANSPORT(name, factory) \
+#define FERRY_REGISTER_TRANSPORT(name, factory)                          \
   [[maybe_unused]] static const bool ferry_transport_registered_##name = \
       ::ferry::RegisterTransport(#name, factory)

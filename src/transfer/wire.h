@@ -22,14 +22,14 @@ inline constexpr size_t kHeaderSize = 32;
 inline constexpr uint64_t kMaxPayload = 64ull << 20;
 
 enum class Opcode : uint8_t {
-  kHello = 1,          // address = the epoch the initiator expects (0: any)
-  kHelloAck = 2,       // address = the target's epoch; PeerRestarted on mismatch
+  kHello = 1,     // address = the epoch the initiator expects (0: any)
+  kHelloAck = 2,  // address = the target's epoch; PeerRestarted on mismatch
   kGetDescriptor = 3,
-  kDescriptor = 4,     // payload: EncodeDescriptor
-  kWrite = 5,          // payload: the bytes to store at address
-  kWriteAck = 6,       // sent once the bytes are applied
+  kDescriptor = 4,  // payload: EncodeDescriptor
+  kWrite = 5,       // payload: the bytes to store at address
+  kWriteAck = 6,    // sent once the bytes are applied
   kRead = 7,
-  kReadData = 8,       // payload: the bytes read
+  kReadData = 8,  // payload: the bytes read
 };
 
 struct Header {

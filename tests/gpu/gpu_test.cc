@@ -1,11 +1,12 @@
 // GPU tests. On a machine without a GPU (CI) every test reports itself as
 // skipped with the reason; the no-GPU checks run everywhere.
+#include "gpu/gpu.h"
+
 #include <gtest/gtest.h>
 
 #include <vector>
 
 #include "ferry/engine.h"
-#include "gpu/gpu.h"
 
 #ifdef FERRY_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -14,7 +15,7 @@
 namespace ferry {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                             \
+#define SKIP_WITHOUT_GPU() \
   if (gpu::DeviceCount() == 0) GTEST_SKIP() << gpu::Describe()
 
 TEST(Gpu, ProbeNeverFailsAndHostMemoryIsPageable) {

@@ -65,8 +65,9 @@ TEST(BadInput, OverlappingRegistrationIsRejectedAndTheFirstSurvives) {
   auto s = other->OpenSegment(e->name());
   ASSERT_TRUE(s.ok());
   char msg[] = "still registered";
-  ASSERT_TRUE(other->Transfer({Op::kWrite, msg, s.value(),
-                               reinterpret_cast<uint64_t>(mem.data() + 4096), sizeof(msg)})
+  ASSERT_TRUE(other
+                  ->Transfer({Op::kWrite, msg, s.value(),
+                              reinterpret_cast<uint64_t>(mem.data() + 4096), sizeof(msg)})
                   .ok());
   EXPECT_STREQ(mem.data() + 4096, msg);
   EXPECT_TRUE(e->UnregisterMemory(mem.data() + 4096).ok());
@@ -329,9 +330,9 @@ TEST(PeerFailure, AStalledPeerFailsRequestsAtTheirDeadline) {
   EXPECT_EQ(st.code(), StatusCode::kTimeout) << st.ToString();
   EXPECT_LT(took, 5.0);
   // Once the peer runs again, a fresh request succeeds.
-  EXPECT_TRUE(e->Transfer({Op::kRead, buf.data(), s.value(), peer.value().alloc_addr, 4096},
-                          seconds(10))
-                  .ok());
+  EXPECT_TRUE(
+      e->Transfer({Op::kRead, buf.data(), s.value(), peer.value().alloc_addr, 4096}, seconds(10))
+          .ok());
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 // Conformance suite of the transfer engine, run over every transport against a
 // peer in another process (the local transport targets the engine itself).
+#include "ferry/engine.h"
+
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -8,7 +10,6 @@
 #include <random>
 #include <thread>
 
-#include "ferry/engine.h"
 #include "integration/peer.h"
 
 namespace ferry {
@@ -189,8 +190,7 @@ TEST_P(EngineConformance, OutOfRangeRemoteFailsThatRequestOnly) {
   RoundTrip(alloc_ + 1, 10000, 3);  // still serving
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, EngineConformance,
-                         ::testing::Values("tcp", "shm", "local"),
+INSTANTIATE_TEST_SUITE_P(Transports, EngineConformance, ::testing::Values("tcp", "shm", "local"),
                          [](const auto& info) { return info.param; });
 
 // ---- transport selection ----
@@ -303,8 +303,7 @@ TEST(PeerRestart, NewEpochIsDetectedAndTheCacheRefreshed) {
     // The old addresses belong to a dead process: the request must fail, not
     // land somewhere in the new one.
     Status st = e.value()->Transfer(r, seconds(10));
-    EXPECT_TRUE(st.code() == StatusCode::kPeerRestarted ||
-                st.code() == StatusCode::kConnectionLost)
+    EXPECT_TRUE(st.code() == StatusCode::kPeerRestarted || st.code() == StatusCode::kConnectionLost)
         << transport << ": " << st.ToString();
     auto info = e.value()->GetSegmentInfo(s.value());
     ASSERT_TRUE(info.ok()) << info.status().ToString();

@@ -18,10 +18,10 @@ static std::string FerryBin() {
 }
 
 Result<Peer> StartPeer(uint64_t alloc_bytes, uint64_t heap_bytes, uint16_t port) {
-  auto proc = Subprocess::Spawn({FerryBin(), "serve", "--alloc", std::to_string(alloc_bytes),
-                                 "--heap", std::to_string(heap_bytes), "--port",
-                                 std::to_string(port)},
-                                true);
+  auto proc =
+      Subprocess::Spawn({FerryBin(), "serve", "--alloc", std::to_string(alloc_bytes), "--heap",
+                         std::to_string(heap_bytes), "--port", std::to_string(port)},
+                        true);
   if (!proc.ok()) return proc.status();
   auto line = proc.value()->ReadLine(std::chrono::seconds(20));
   if (!line.ok()) return line.status();

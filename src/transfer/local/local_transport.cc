@@ -52,7 +52,8 @@ class LocalTransport : public Transport {
   bool CanReach(const Segment& segment) const override { return segment.is_self(); }
 
   Result<std::shared_ptr<Endpoint>> Connect(const std::shared_ptr<Segment>&) override {
-    return std::shared_ptr<Endpoint>(std::make_shared<LocalEndpoint>(ctx_.copy_pool, ctx_.registry));
+    return std::shared_ptr<Endpoint>(
+        std::make_shared<LocalEndpoint>(ctx_.copy_pool, ctx_.registry));
   }
 
  private:

@@ -58,8 +58,8 @@ class ShmEndpoint : public Endpoint, public std::enable_shared_from_this<ShmEndp
     FERRY_RETURN_IF_ERROR(CheckRunnable(t, closed_.load(std::memory_order_acquire)));
     if (PeerGone()) {
       if (auto seg = segment_.lock()) seg->MarkStale();
-      return Status(StatusCode::kConnectionLost, name_ + " (pid " + std::to_string(desc_->pid) +
-                                                     ") has exited");
+      return Status(StatusCode::kConnectionLost,
+                    name_ + " (pid " + std::to_string(desc_->pid) + ") has exited");
     }
     const RegionDesc* r = desc_->Find(t.remote, t.length);
     if (r == nullptr) {
@@ -115,10 +115,11 @@ class ShmEndpoint : public Endpoint, public std::enable_shared_from_this<ShmEndp
         if (errno == EINTR) continue;
         if (errno == ESRCH) return Status(StatusCode::kConnectionLost, name_ + " has exited");
         if (errno == EFAULT) {
-          return Status(StatusCode::kOutOfRange, fmt::format("0x{:x}+{} is not mapped at {}",
-                                                             t.remote, t.length, name_));
+          return Status(StatusCode::kOutOfRange,
+                        fmt::format("0x{:x}+{} is not mapped at {}", t.remote, t.length, name_));
         }
-        return Status::FromErrno(errno, t.op == Op::kWrite ? "process_vm_writev" : "process_vm_readv");
+        return Status::FromErrno(errno,
+                                 t.op == Op::kWrite ? "process_vm_writev" : "process_vm_readv");
       }
       if (n == 0) return Status(StatusCode::kIoError, "process_vm copy made no progress");
       done += static_cast<uint64_t>(n);

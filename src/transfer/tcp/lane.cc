@@ -11,7 +11,10 @@ using wire::Header;
 using wire::Opcode;
 
 Lane::Lane(asio::io_context& io, Config cfg, std::weak_ptr<Segment> segment)
-    : strand_(asio::make_strand(io)), sock_(strand_), timer_(strand_), cfg_(std::move(cfg)),
+    : strand_(asio::make_strand(io)),
+      sock_(strand_),
+      timer_(strand_),
+      cfg_(std::move(cfg)),
       segment_(std::move(segment)) {}
 
 void Lane::Post(std::vector<Task> tasks) {
@@ -53,24 +56,23 @@ void Lane::Connect() {
     asio::error_code ignored;
     self->sock_.set_option(tcp::no_delay(true), ignored);
     wire::EncodeHeader({Opcode::kHello, StatusCode::kOk, 0, self->cfg_.epoch, 0}, self->out_);
-    asio::async_write(self->sock_, asio::buffer(self->out_),
-                      [self, gen](asio::error_code ec, size_t) {
-                        if (gen != self->gen_) return;
-                        if (ec) {
-                          return self->Fail(Status(StatusCode::kConnectionLost,
-                                                   self->cfg_.peer_name + ": " + ec.message()));
-                        }
-                        asio::async_read(self->sock_, asio::buffer(self->in_),
-                                         [self, gen](asio::error_code ec, size_t) {
-                                           if (gen != self->gen_) return;
-                                           if (ec) {
-                                             return self->Fail(Status(
-                                                 StatusCode::kConnectionLost,
-                                                 self->cfg_.peer_name + " closed during hello"));
-                                           }
-                                           self->OnConnected(gen);
-                                         });
-                      });
+    asio::async_write(
+        self->sock_, asio::buffer(self->out_), [self, gen](asio::error_code ec, size_t) {
+          if (gen != self->gen_) return;
+          if (ec) {
+            return self->Fail(
+                Status(StatusCode::kConnectionLost, self->cfg_.peer_name + ": " + ec.message()));
+          }
+          asio::async_read(
+              self->sock_, asio::buffer(self->in_), [self, gen](asio::error_code ec, size_t) {
+                if (gen != self->gen_) return;
+                if (ec) {
+                  return self->Fail(Status(StatusCode::kConnectionLost,
+                                           self->cfg_.peer_name + " closed during hello"));
+                }
+                self->OnConnected(gen);
+              });
+        });
   });
 }
 
@@ -126,16 +128,16 @@ void Lane::Pump() {
 }
 
 void Lane::ReadReply(uint64_t gen) {
-  asio::async_read(sock_, asio::buffer(in_),
-                   [self = shared_from_this(), gen](asio::error_code ec, size_t) {
-                     if (gen != self->gen_) return;
-                     if (ec) {
-                       return self->Fail(Status(StatusCode::kConnectionLost,
-                                                self->cfg_.peer_name + " closed the connection: " +
-                                                    ec.message()));
-                     }
-                     self->OnReply(gen);
-                   });
+  asio::async_read(
+      sock_, asio::buffer(in_), [self = shared_from_this(), gen](asio::error_code ec, size_t) {
+        if (gen != self->gen_) return;
+        if (ec) {
+          return self->Fail(
+              Status(StatusCode::kConnectionLost,
+                     self->cfg_.peer_name + " closed the connection: " + ec.message()));
+        }
+        self->OnReply(gen);
+      });
 }
 
 Status Lane::Remote(const Header& h) const {
@@ -173,17 +175,17 @@ void Lane::OnReply(uint64_t gen) {
   if (h.length != t.length) {
     return Fail(Status(StatusCode::kProtocolError, cfg_.peer_name + " sent a wrong read length"));
   }
-  AsyncReadPayload(sock_, t.local, t.length, &lowat_,
-                   [self = shared_from_this(), gen](asio::error_code ec) {
-                     if (gen != self->gen_) return;
-                     if (ec) {
-                       return self->Fail(Status(StatusCode::kConnectionLost,
-                                                self->cfg_.peer_name + " closed mid-payload"));
-                     }
-                     self->Complete(Status::Ok());
-                     self->ReadReply(gen);
-                     self->Pump();
-                   });
+  AsyncReadPayload(
+      sock_, t.local, t.length, &lowat_, [self = shared_from_this(), gen](asio::error_code ec) {
+        if (gen != self->gen_) return;
+        if (ec) {
+          return self->Fail(
+              Status(StatusCode::kConnectionLost, self->cfg_.peer_name + " closed mid-payload"));
+        }
+        self->Complete(Status::Ok());
+        self->ReadReply(gen);
+        self->Pump();
+      });
 }
 
 void Lane::Complete(const Status& st) {
@@ -233,8 +235,8 @@ void Lane::OnTimer(uint64_t gen) {
   }
   if (!inflight_.empty()) {
     if (inflight_.front().task.deadline.Expired()) {
-      return Fail(Status(StatusCode::kTimeout,
-                         "request to " + cfg_.peer_name + " passed its deadline"));
+      return Fail(
+          Status(StatusCode::kTimeout, "request to " + cfg_.peer_name + " passed its deadline"));
     }
     if (Clock::now() - last_progress_ > cfg_.progress_timeout) {
       return Fail(Status(StatusCode::kTimeout, cfg_.peer_name + " made no progress"));

@@ -72,7 +72,7 @@ class Lane : public std::enable_shared_from_this<Lane> {
   uint64_t next_id_ = 1;
   Clock::time_point last_progress_;
   Deadline connect_deadline_;
-  std::deque<Task> queue_;        // not yet sent
+  std::deque<Task> queue_;         // not yet sent
   std::deque<InFlight> inflight_;  // sent, reply pending, in wire order
   uint8_t out_[wire::kHeaderSize];
   uint8_t in_[wire::kHeaderSize];
