@@ -38,6 +38,19 @@ struct Request {
   uint64_t length = 0;    // bytes, > 0
 };
 
+// How a submit orders itself against the caller's GPU work (DESIGN.md R1-R3).
+// Ignored for batches that touch no GPU memory.
+struct SubmitOptions {
+  // Each request's deadline; zero means EngineOptions::request_timeout.
+  std::chrono::milliseconds timeout{0};
+  // The submission stream, a cudaStream_t. The transfer touches GPU memory
+  // only after the work enqueued on it before the call; null is the legacy
+  // default stream, which also covers every blocking stream.
+  void* stream = nullptr;
+  // The caller guarantees the buffers are ready: no event is recorded.
+  bool already_ready = false;
+};
+
 struct EngineOptions {
   // Address to listen on and to advertise in the segment name.
   std::string host = "127.0.0.1";
@@ -124,12 +137,14 @@ class Engine {
 
   // Exposes [addr, addr+length) to peers. AlreadyExists if it overlaps a
   // registered range, InvalidArgument for null or zero length. The memory stays
-  // owned by the caller and must outlive the registration.
+  // owned by the caller and must outlive the registration. Host or GPU memory
+  // is told apart here, once.
   Status RegisterMemory(void* addr, size_t length);
   // NotFound unless `addr` starts a registration made by RegisterMemory.
   Status UnregisterMemory(void* addr);
   // Allocates and registers memfd-backed memory, which same-host peers map once
-  // and copy with memcpy. Owned by the engine until FreeMemory or destruction.
+  // and copy with memcpy; page-locked for GPU copies where a GPU exists. Owned
+  // by the engine until FreeMemory or destruction.
   Result<void*> AllocateMemory(size_t length);
   Status FreeMemory(void* addr);
 
@@ -150,6 +165,12 @@ class Engine {
   // no set order: ranges written by one must not overlap ranges another touches.
   Result<std::unique_ptr<Batch>> Submit(std::span<const Request> requests,
                                         std::chrono::milliseconds timeout = {});
+  // The same, with a submission stream for GPU memory. GPU memory moves only
+  // within this engine's own segment for now (the local transport); over tcp
+  // and shm it fails with NotSupported. Never blocks on the GPU: readiness is
+  // an event recorded on `options.stream`, waited on by the engine's streams.
+  Result<std::unique_ptr<Batch>> Submit(std::span<const Request> requests,
+                                        const SubmitOptions& options);
   // Submits one request and waits for it.
   Status Transfer(const Request& request, std::chrono::milliseconds timeout = {});
 

@@ -60,6 +60,19 @@ const Probe& GetProbe() {
 int DeviceCount() { return GetProbe().count; }
 std::string Describe() { return GetProbe().description; }
 
+bool PinHost(void* p, size_t length) {
+  if (DeviceCount() == 0) return false;
+  if (cudaHostRegister(p, length, cudaHostRegisterPortable) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
+void UnpinHost(void* p) {
+  if (DeviceCount() > 0 && cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
+}
+
 MemoryInfo Classify(const void* ptr) {
   MemoryInfo info;
   const Probe& probe = GetProbe();

@@ -33,4 +33,10 @@ MemoryInfo Classify(const void* p);
 
 std::string_view MemoryKindName(MemoryKind kind);
 
+// Page-locks host memory for asynchronous GPU copies (cudaHostRegister). Done at
+// allocation or registration, never on a data path: it can synchronize the device.
+// Returns false without a GPU or on failure; the memory then stays pageable.
+bool PinHost(void* p, size_t length);
+void UnpinHost(void* p);
+
 }  // namespace ferry::gpu

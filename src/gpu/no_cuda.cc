@@ -6,5 +6,19 @@ namespace ferry::gpu {
 int DeviceCount() { return 0; }
 std::string Describe() { return "no GPU: built without CUDA"; }
 MemoryInfo Classify(const void*) { return {}; }
+bool PinHost(void*, size_t) { return false; }
+void UnpinHost(void*) {}
+
+}  // namespace ferry::gpu
+
+#include "gpu/copier.h"
+
+namespace ferry::gpu {
+
+class ReadyEvent {};
+
+Result<std::unique_ptr<Copier>> Copier::Create() {
+  return Status(StatusCode::kNotSupported, "built without CUDA");
+}
 
 }  // namespace ferry::gpu

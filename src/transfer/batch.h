@@ -11,6 +11,7 @@
 
 #include "common/clock.h"
 #include "ferry/engine.h"
+#include "gpu/copier.h"
 
 namespace ferry {
 
@@ -69,6 +70,10 @@ struct Task {
   uint32_t index = 0;  // request index within the batch
   Deadline deadline;
   std::shared_ptr<BatchState> batch;
+  // GPU memory on either side: the device that copies, and the readiness event
+  // recorded on the submission stream (null when the caller opted out).
+  int gpu_device = -1;
+  std::shared_ptr<gpu::ReadyEvent> ready;
 
   void Done(const Status& s) const { batch->TaskDone(index, s); }
 };

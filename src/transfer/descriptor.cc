@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/bytes.h"
+#include "gpu/gpu.h"
 
 namespace ferry {
 
@@ -38,6 +39,7 @@ std::vector<uint8_t> EncodeDescriptor(const SegmentDescriptor& d) {
     w.U64(r.addr);
     w.U64(r.length);
     w.I32(r.memfd);
+    w.U8(r.kind);
   }
   return out;
 }
@@ -57,12 +59,13 @@ Result<SegmentDescriptor> DecodeDescriptor(const uint8_t* data, size_t size) {
   if (!r.ok() || nt > 16) return bad("transport list");
   for (uint32_t i = 0; i < nt; ++i) d.transports.push_back(r.Str(kMaxString));
   uint32_t nr = r.U32();
-  if (!r.ok() || nr > kMaxDescriptorRegions || nr * 20ull > r.Left()) return bad("region count");
+  if (!r.ok() || nr > kMaxDescriptorRegions || nr * 21ull > r.Left()) return bad("region count");
   d.regions.resize(nr);
   for (auto& reg : d.regions) {
     reg.addr = r.U64();
     reg.length = r.U64();
     reg.memfd = r.I32();
+    reg.kind = r.U8();
   }
   if (!r.ok()) return bad("truncated");
   if (r.Left() != 0) return bad("trailing bytes");
@@ -70,6 +73,7 @@ Result<SegmentDescriptor> DecodeDescriptor(const uint8_t* data, size_t size) {
   for (size_t i = 0; i < d.regions.size(); ++i) {
     const auto& g = d.regions[i];
     if (g.length == 0 || g.addr + g.length < g.addr) return bad("empty or wrapping region");
+    if (g.kind > static_cast<uint8_t>(gpu::MemoryKind::kDevice)) return bad("unknown memory kind");
     if (i > 0 && d.regions[i - 1].addr + d.regions[i - 1].length > g.addr) {
       return bad("unsorted or overlapping regions");
     }

@@ -15,6 +15,7 @@ struct RegionDesc {
   uint64_t addr = 0;
   uint64_t length = 0;
   int32_t memfd = -1;  // the owner's fd number; same-host peers open /proc/<pid>/fd/<n>
+  uint8_t kind = 0;    // gpu::MemoryKind: host pageable, host pinned or device
 };
 
 struct SegmentDescriptor {

@@ -15,6 +15,7 @@
 #include "common/host.h"
 #include "common/log.h"
 #include "common/thread_pool.h"
+#include "gpu/copier.h"
 #include "gpu/gpu.h"
 #include "transfer/batch.h"
 #include "transfer/listener.h"
@@ -109,6 +110,7 @@ class Engine::Impl {
     for (auto& t : io_threads_) t.join();
     listener_.reset();
     copy_pool_.reset();
+    copier_.reset();  // after the copy threads, which enqueue on it
     for (const Region& r : registry_.Snapshot()) {
       if (r.owned) ReleaseOwned(r);
     }
@@ -140,6 +142,11 @@ class Engine::Impl {
 
     has_gpu_ = gpu::DeviceCount() > 0;
     FERRY_LOG_INFO("engine: {}", gpu::Describe());
+    if (has_gpu_) {
+      auto copier = gpu::Copier::Create();
+      if (!copier.ok()) return copier.status();
+      copier_ = std::move(copier).value();
+    }
     copy_pool_ = std::make_unique<ThreadPool>(options_.copy_threads);
     Listener::Config cfg{options_.host, options_.port, epoch_, options_.request_timeout,
                          static_cast<size_t>(env::GetInt("FERRY_MAX_CONNECTIONS", 1024))};
@@ -150,7 +157,8 @@ class Engine::Impl {
         (options_.host.find(':') != std::string::npos ? "[" + options_.host + "]" : options_.host) +
         ":" + std::to_string(listener_->port());
 
-    ctx_ = std::make_unique<EngineContext>(EngineContext{options_, io_, *copy_pool_, registry_});
+    ctx_ = std::make_unique<EngineContext>(
+        EngineContext{options_, io_, *copy_pool_, registry_, copier_.get()});
     for (const auto& reg : RegisteredTransports()) transports_.push_back(reg.factory(*ctx_));
     std::sort(transports_.begin(), transports_.end(),
               [](const auto& a, const auto& b) { return a->caps().priority < b->caps().priority; });
@@ -176,15 +184,21 @@ class Engine::Impl {
     d.pid = static_cast<uint32_t>(getpid());
     d.transports = {"tcp"};
     if (options_.transport != "tcp") d.transports.push_back("shm");
-    for (const Region& r : registry_.Snapshot()) d.regions.push_back({r.addr, r.length, r.memfd});
+    for (const Region& r : registry_.Snapshot()) {
+      d.regions.push_back({r.addr, r.length, r.memfd, static_cast<uint8_t>(r.kind)});
+    }
     return d;
   }
 
   Status RegisterMemory(void* addr, size_t length) {
-    FERRY_RETURN_IF_ERROR(RequireHost(addr, "registration"));
     Region r;
     r.addr = reinterpret_cast<uint64_t>(addr);
     r.length = length;
+    if (has_gpu_) {
+      gpu::MemoryInfo info = gpu::Classify(addr);
+      r.kind = info.kind;
+      r.device = info.device;
+    }
     return registry_.Add(r);
   }
 
@@ -216,6 +230,10 @@ class Engine::Impl {
       return Status::FromErrno(err, "mmap");
     }
     Region r{reinterpret_cast<uint64_t>(p), length, fd, true};
+    if (has_gpu_ && gpu::PinHost(p, length)) {
+      r.pinned = true;
+      r.kind = gpu::MemoryKind::kHostPinned;
+    }
     Status st = registry_.Add(r);
     if (!st.ok()) {
       ReleaseOwned(r);
@@ -345,9 +363,9 @@ class Engine::Impl {
     return forced_ == t.caps().name;
   }
 
-  Result<std::unique_ptr<Batch>> Submit(std::span<const Request> reqs, Millis timeout) {
+  Result<std::unique_ptr<Batch>> Submit(std::span<const Request> reqs, const SubmitOptions& opts) {
     if (reqs.empty()) return Status(StatusCode::kInvalidArgument, "empty batch");
-    if (timeout.count() <= 0) timeout = options_.request_timeout;
+    Millis timeout = opts.timeout.count() > 0 ? opts.timeout : options_.request_timeout;
     std::unordered_map<SegmentId, std::shared_ptr<Segment>> segs;
     for (size_t i = 0; i < reqs.size(); ++i) {
       const Request& r = reqs[i];
@@ -356,10 +374,6 @@ class Engine::Impl {
       };
       if (r.local == nullptr) return bad(StatusCode::kInvalidArgument, "null local address");
       if (r.length == 0) return bad(StatusCode::kInvalidArgument, "zero length");
-      if (has_gpu_) {
-        Status host = RequireHost(r.local, "local buffer");
-        if (!host.ok()) return bad(host.code(), host.message());
-      }
       if (r.op != Op::kRead && r.op != Op::kWrite) {
         return bad(StatusCode::kInvalidArgument, "unknown op");
       }
@@ -399,12 +413,28 @@ class Engine::Impl {
     }
     std::unordered_map<Endpoint*, std::vector<Task>> posts;
     std::vector<std::shared_ptr<Endpoint>> keep;
+    std::shared_ptr<gpu::ReadyEvent> ready;
     for (size_t i = 0; i < reqs.size(); ++i) {
       const Request& r = reqs[i];
       const Route& rt = routes[r.segment];
       if (!rt.status.ok()) {
         state->FailRequest(i, rt.status);
         continue;
+      }
+      int gpu_device = -1;
+      if (has_gpu_) {
+        auto dev = GpuDevice(r, *segs[r.segment], rt.transport->caps().kind);
+        if (!dev.ok()) {
+          state->FailRequest(i, dev.status());
+          continue;
+        }
+        gpu_device = dev.value();
+        if (gpu_device >= 0 && !ready && !opts.already_ready) {
+          // R1/R2: one event on the submission stream orders the whole batch.
+          auto rec = copier_->RecordReady(opts.stream);
+          if (!rec.ok()) return rec.status();  // nothing has been posted yet
+          ready = std::move(rec).value();
+        }
       }
       const uint64_t slice = rt.transport->caps().max_task_bytes;
       uint32_t n = static_cast<uint32_t>((r.length + slice - 1) / slice);
@@ -418,6 +448,8 @@ class Engine::Impl {
         t.remote = r.remote + off;
         t.length = std::min(slice, r.length - off);
         t.index = static_cast<uint32_t>(i);
+        t.gpu_device = gpu_device;
+        if (gpu_device >= 0) t.ready = ready;
         t.deadline = deadline;
         t.batch = state;
         v.push_back(std::move(t));
@@ -444,15 +476,40 @@ class Engine::Impl {
         static_cast<int>(env::GetInt("FERRY_COPY_THREADS", options_.copy_threads));
   }
 
-  // The transports move host memory only, until the GPU paths land: GPU memory
-  // is refused here rather than faulting on a copy thread.
-  Status RequireHost(const void* p, const char* what) const {
-    if (!has_gpu_ || gpu::Classify(p).kind != gpu::MemoryKind::kDevice) return Status::Ok();
-    return Status(StatusCode::kNotSupported,
-                  std::string(what) + ": GPU memory is not supported by the transports yet");
+  // The GPU that copies a request touching GPU memory, or -1 for host memory.
+  // Registered ranges were classified once; other local buffers are classified
+  // here. Only the local transport moves GPU memory so far: elsewhere it is
+  // refused rather than faulting on a copy thread or a socket.
+  Result<int> GpuDevice(const Request& r, const Segment& seg, TransportKind via) const {
+    gpu::MemoryInfo local;
+    if (auto reg = registry_.Find(reinterpret_cast<uint64_t>(r.local), r.length)) {
+      local.kind = reg->kind;
+      local.device = reg->device;
+    } else {
+      local = gpu::Classify(r.local);
+    }
+    gpu::MemoryInfo remote;
+    if (via == TransportKind::kLocal) {
+      if (auto reg = registry_.Find(r.remote, r.length)) {
+        remote.kind = reg->kind;
+        remote.device = reg->device;
+      }
+    } else if (auto d = seg.descriptor()) {
+      if (const RegionDesc* g = d->Find(r.remote, r.length)) {
+        remote.kind = static_cast<gpu::MemoryKind>(g->kind);
+      }
+    }
+    const bool local_gpu = local.kind == gpu::MemoryKind::kDevice;
+    if (!local_gpu && remote.kind != gpu::MemoryKind::kDevice) return -1;
+    if (via != TransportKind::kLocal || copier_ == nullptr) {
+      return Status(StatusCode::kNotSupported,
+                    "GPU memory over " + std::string(TransportName(via)) + " is not supported yet");
+    }
+    return local_gpu ? local.device : remote.device;
   }
 
   static void ReleaseOwned(const Region& r) {
+    if (r.pinned) gpu::UnpinHost(reinterpret_cast<void*>(r.addr));
     munmap(reinterpret_cast<void*>(r.addr), r.length);
     close(r.memfd);
   }
@@ -467,6 +524,7 @@ class Engine::Impl {
       asio::make_work_guard(io_)};
   std::vector<std::thread> io_threads_;
   MemoryRegistry registry_;
+  std::unique_ptr<gpu::Copier> copier_;  // null without a GPU
   std::unique_ptr<ThreadPool> copy_pool_;
   std::unique_ptr<Listener> listener_;
   std::unique_ptr<EngineContext> ctx_;
@@ -499,7 +557,14 @@ Status Engine::CloseSegment(SegmentId id) { return impl_->CloseSegment(id); }
 
 Result<std::unique_ptr<Batch>> Engine::Submit(std::span<const Request> requests,
                                               std::chrono::milliseconds timeout) {
-  return impl_->Submit(requests, timeout);
+  SubmitOptions o;
+  o.timeout = timeout;
+  return impl_->Submit(requests, o);
+}
+
+Result<std::unique_ptr<Batch>> Engine::Submit(std::span<const Request> requests,
+                                              const SubmitOptions& options) {
+  return impl_->Submit(requests, options);
 }
 
 Status Engine::Transfer(const Request& request, std::chrono::milliseconds timeout) {

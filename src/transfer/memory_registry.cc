@@ -49,12 +49,18 @@ Result<Region> MemoryRegistry::Remove(uint64_t addr) {
 }
 
 bool MemoryRegistry::Contains(uint64_t addr, uint64_t length) const {
-  if (length == 0 || addr + length < addr) return false;
+  auto r = Find(addr, length);
+  return r && r->kind != gpu::MemoryKind::kDevice;
+}
+
+std::optional<Region> MemoryRegistry::Find(uint64_t addr, uint64_t length) const {
+  if (length == 0 || addr + length < addr) return std::nullopt;
   std::shared_lock lk(mu_);
   auto it = regions_.upper_bound(addr);
-  if (it == regions_.begin()) return false;
+  if (it == regions_.begin()) return std::nullopt;
   --it;
-  return addr + length <= it->first + it->second.length;
+  if (addr + length > it->first + it->second.length) return std::nullopt;
+  return it->second;
 }
 
 std::vector<Region> MemoryRegistry::Snapshot() const {

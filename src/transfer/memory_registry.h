@@ -4,18 +4,23 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <shared_mutex>
 #include <vector>
 
 #include "ferry/status.h"
+#include "gpu/gpu.h"
 
 namespace ferry {
 
 struct Region {
   uint64_t addr = 0;
   uint64_t length = 0;
-  int memfd = -1;      // >= 0 when engine-allocated and shareable by mapping
-  bool owned = false;  // allocated by the engine: unmapped and closed on removal
+  int memfd = -1;       // >= 0 when engine-allocated and shareable by mapping
+  bool owned = false;   // allocated by the engine: unmapped and closed on removal
+  bool pinned = false;  // page-locked by the engine for GPU copies
+  gpu::MemoryKind kind = gpu::MemoryKind::kHostPageable;  // classified at registration
+  int device = -1;
 };
 
 class MemoryRegistry {
@@ -24,8 +29,11 @@ class MemoryRegistry {
   Status Add(const Region& region);
   // NotFound unless a region starts at `addr`. Returns the removed region.
   Result<Region> Remove(uint64_t addr);
-  // True when [addr, addr+length) lies inside a single region.
+  // True when [addr, addr+length) lies inside a single region of host memory:
+  // what the listener may hand to the socket.
   bool Contains(uint64_t addr, uint64_t length) const;
+  // The region holding [addr, addr+length) whole, host or GPU.
+  std::optional<Region> Find(uint64_t addr, uint64_t length) const;
   std::vector<Region> Snapshot() const;
 
  private:

@@ -17,6 +17,9 @@ class io_context;
 
 namespace ferry {
 
+namespace gpu {
+class Copier;
+}
 class MemoryRegistry;
 class Segment;
 class ThreadPool;
@@ -27,6 +30,7 @@ struct EngineContext {
   asio::io_context& io;
   ThreadPool& copy_pool;
   const MemoryRegistry& registry;
+  gpu::Copier* copier;  // null without a GPU
 };
 
 struct TransportCaps {

@@ -12,30 +12,43 @@ namespace {
 
 class LocalEndpoint : public Endpoint, public std::enable_shared_from_this<LocalEndpoint> {
  public:
-  LocalEndpoint(ThreadPool& pool, const MemoryRegistry& registry)
-      : pool_(pool), registry_(registry) {}
+  LocalEndpoint(ThreadPool& pool, const MemoryRegistry& registry, gpu::Copier* copier)
+      : pool_(pool), registry_(registry), copier_(copier) {}
 
+  // Copies run on the copy pool, never the submitting thread: even an
+  // asynchronous GPU copy from pageable memory can block its caller.
   void Post(std::vector<Task> tasks) override {
     for (auto& t : tasks) {
-      pool_.Post([self = shared_from_this(), t = std::move(t)] { t.Done(self->Run(t)); });
+      pool_.Post([self = shared_from_this(), t = std::move(t)] { self->Run(t); });
     }
   }
 
   void Close() override { closed_.store(true, std::memory_order_release); }
 
  private:
-  Status Run(const Task& t) const {
-    FERRY_RETURN_IF_ERROR(CheckRunnable(t, closed_.load(std::memory_order_acquire)));
-    if (!registry_.Contains(t.remote, t.length)) {
-      return Status(StatusCode::kOutOfRange,
-                    fmt::format("0x{:x}+{} is not registered locally", t.remote, t.length));
+  void Run(const Task& t) const {
+    Status st = CheckRunnable(t, closed_.load(std::memory_order_acquire));
+    if (st.ok() && !registry_.Find(t.remote, t.length)) {
+      st = Status(StatusCode::kOutOfRange,
+                  fmt::format("0x{:x}+{} is not registered locally", t.remote, t.length));
     }
-    CopyTask(t, reinterpret_cast<char*>(t.remote));
-    return Status::Ok();
+    if (!st.ok()) return t.Done(st);
+    char* remote = reinterpret_cast<char*>(t.remote);
+    if (t.gpu_device < 0) {
+      CopyTask(t, remote);
+      return t.Done(Status::Ok());
+    }
+    // GPU memory on a side: a private stream waits for the submission stream's
+    // event, and the task completes once the copy has finished (R1-R3).
+    void* dst = t.op == Op::kWrite ? remote : t.local;
+    const void* src = t.op == Op::kWrite ? static_cast<const void*>(t.local) : remote;
+    copier_->CopyAsync(dst, src, t.length, t.gpu_device, t.ready,
+                       [t](const Status& s) { t.Done(s); });
   }
 
   ThreadPool& pool_;
   const MemoryRegistry& registry_;
+  gpu::Copier* copier_;
   std::atomic<bool> closed_{false};
 };
 
@@ -53,7 +66,7 @@ class LocalTransport : public Transport {
 
   Result<std::shared_ptr<Endpoint>> Connect(const std::shared_ptr<Segment>&) override {
     return std::shared_ptr<Endpoint>(
-        std::make_shared<LocalEndpoint>(ctx_.copy_pool, ctx_.registry));
+        std::make_shared<LocalEndpoint>(ctx_.copy_pool, ctx_.registry, ctx_.copier));
   }
 
  private:

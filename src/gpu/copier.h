@@ -1,0 +1,38 @@
+// GPU copies for the engine, following the stream-ordering contract of
+// DESIGN.md: readiness is an event recorded on the caller's stream at submit
+// (R1, R2); the engine's copies run on private non-blocking streams that wait
+// on it on the GPU; completion is seen by polling events, so no engine thread
+// blocks in CUDA or touches the legacy stream (R4). Streams and events are
+// created once, when the Copier is, and pooled (R4, R6).
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "ferry/status.h"
+
+namespace ferry::gpu {
+
+// An event recorded on a caller's stream. Shared by the tasks of one batch.
+class ReadyEvent;
+
+class Copier {
+ public:
+  // NotSupported when there is no GPU.
+  static Result<std::unique_ptr<Copier>> Create();
+  virtual ~Copier() = default;
+
+  // Records an event on `stream` (a cudaStream_t; null is the legacy default
+  // stream) without blocking. The device is the stream's.
+  virtual Result<std::shared_ptr<ReadyEvent>> RecordReady(void* stream) = 0;
+
+  // Enqueues dst <- src (any mix of host and device memory) on a private stream
+  // of `device`, after `ready` when it is set, and returns at once. `done` runs
+  // on the Copier's completion thread once the bytes have landed, or with the
+  // CUDA error.
+  virtual void CopyAsync(void* dst, const void* src, size_t length, int device,
+                         std::shared_ptr<ReadyEvent> ready,
+                         std::function<void(const Status&)> done) = 0;
+};
+
+}  // namespace ferry::gpu

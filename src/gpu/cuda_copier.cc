@@ -1,0 +1,212 @@
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "gpu/copier.h"
+#include "gpu/gpu.h"
+
+namespace ferry::gpu {
+
+namespace {
+
+Status CudaError(cudaError_t err, const char* what) {
+  return Status(StatusCode::kInternal, std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+// Per-device pools, filled at creation so the data path never creates streams.
+struct DevicePool {
+  std::vector<cudaStream_t> streams;
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  std::vector<cudaEvent_t> free_events;  // guarded by mu
+};
+
+constexpr int kStreamsPerDevice = 4;
+constexpr int kEventsPerDevice = 256;
+
+}  // namespace
+
+class ReadyEvent {
+ public:
+  ReadyEvent(cudaEvent_t e, int device, DevicePool* pool) : event(e), device(device), pool_(pool) {}
+  ~ReadyEvent() {
+    std::lock_guard lk(pool_->mu);
+    pool_->free_events.push_back(event);
+  }
+  const cudaEvent_t event;
+  const int device;
+
+ private:
+  DevicePool* pool_;
+};
+
+namespace {
+
+class CudaCopier : public Copier {
+ public:
+  Status Init() {
+    int n = DeviceCount();
+    if (n == 0) return Status(StatusCode::kNotSupported, Describe());
+    int prev = 0;
+    cudaGetDevice(&prev);
+    pools_.reserve(static_cast<size_t>(n));
+    for (int d = 0; d < n; ++d) {
+      auto pool = std::make_unique<DevicePool>();
+      cudaError_t err = cudaSetDevice(d);
+      for (int i = 0; err == cudaSuccess && i < kStreamsPerDevice; ++i) {
+        cudaStream_t s;
+        err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+        if (err == cudaSuccess) pool->streams.push_back(s);
+      }
+      for (int i = 0; err == cudaSuccess && i < kEventsPerDevice; ++i) {
+        cudaEvent_t e;
+        err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+        if (err == cudaSuccess) pool->free_events.push_back(e);
+      }
+      pools_.push_back(std::move(pool));
+      if (err != cudaSuccess) {
+        cudaSetDevice(prev);
+        return CudaError(err, "creating the GPU stream and event pools");
+      }
+    }
+    cudaSetDevice(prev);
+    poller_ = std::thread([this] { Poll(); });
+    return Status::Ok();
+  }
+
+  ~CudaCopier() override {
+    {
+      std::lock_guard lk(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (poller_.joinable()) poller_.join();
+    for (size_t d = 0; d < pools_.size(); ++d) {
+      cudaSetDevice(static_cast<int>(d));
+      for (auto s : pools_[d]->streams) cudaStreamDestroy(s);
+      for (auto e : pools_[d]->free_events) cudaEventDestroy(e);
+    }
+  }
+
+  Result<std::shared_ptr<ReadyEvent>> RecordReady(void* stream) override {
+    auto s = static_cast<cudaStream_t>(stream);
+    int device = 0;
+    cudaError_t err = s == nullptr ? cudaGetDevice(&device) : cudaStreamGetDevice(s, &device);
+    if (err != cudaSuccess) return CudaError(err, "finding the submission stream's device");
+    FERRY_ASSIGN_OR_RETURN(cudaEvent_t e, TakeEvent(device));
+    auto ready = std::make_shared<ReadyEvent>(e, device, pools_[static_cast<size_t>(device)].get());
+    err = cudaEventRecord(e, s);
+    if (err != cudaSuccess) return CudaError(err, "recording readiness on the submission stream");
+    return ready;
+  }
+
+  void CopyAsync(void* dst, const void* src, size_t length, int device,
+                 std::shared_ptr<ReadyEvent> ready,
+                 std::function<void(const Status&)> done) override {
+    if (device < 0 || static_cast<size_t>(device) >= pools_.size()) {
+      return done(Status(StatusCode::kInvalidArgument, "no such GPU"));
+    }
+    DevicePool& pool = *pools_[static_cast<size_t>(device)];
+    cudaSetDevice(device);  // per thread; cheap once set
+    cudaStream_t s = pool.streams[pool.next.fetch_add(1) % pool.streams.size()];
+    cudaError_t err = cudaSuccess;
+    if (ready) err = cudaStreamWaitEvent(s, ready->event, 0);
+    if (err == cudaSuccess) err = cudaMemcpyAsync(dst, src, length, cudaMemcpyDefault, s);
+    if (err != cudaSuccess) return done(CudaError(err, "enqueueing a GPU copy"));
+    auto finished = TakeEvent(device);
+    if (!finished.ok()) return done(finished.status());
+    err = cudaEventRecord(finished.value(), s);
+    if (err != cudaSuccess) return done(CudaError(err, "recording copy completion"));
+    {
+      std::lock_guard lk(mu_);
+      pending_.push_back({finished.value(), device, std::move(ready), std::move(done)});
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  struct Pending {
+    cudaEvent_t event;
+    int device;
+    std::shared_ptr<ReadyEvent> ready;  // kept until the copy that waits on it is done
+    std::function<void(const Status&)> done;
+  };
+
+  Result<cudaEvent_t> TakeEvent(int device) {
+    DevicePool& pool = *pools_[static_cast<size_t>(device)];
+    {
+      std::lock_guard lk(pool.mu);
+      if (!pool.free_events.empty()) {
+        cudaEvent_t e = pool.free_events.back();
+        pool.free_events.pop_back();
+        return e;
+      }
+    }
+    // Pool exhausted under a burst: grow it. Event creation does not
+    // synchronize the device.
+    cudaSetDevice(device);
+    cudaEvent_t e;
+    cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    if (err != cudaSuccess) return CudaError(err, "growing the event pool");
+    return e;
+  }
+
+  void GiveEvent(int device, cudaEvent_t e) {
+    DevicePool& pool = *pools_[static_cast<size_t>(device)];
+    std::lock_guard lk(pool.mu);
+    pool.free_events.push_back(e);
+  }
+
+  // The completion thread: queries events, never waits inside CUDA.
+  void Poll() {
+    std::deque<Pending> mine;
+    for (;;) {
+      {
+        std::unique_lock lk(mu_);
+        if (mine.empty()) cv_.wait(lk, [&] { return stopping_ || !pending_.empty(); });
+        while (!pending_.empty()) {
+          mine.push_back(std::move(pending_.front()));
+          pending_.pop_front();
+        }
+        if (stopping_ && mine.empty()) return;
+      }
+      bool progressed = false;
+      for (auto it = mine.begin(); it != mine.end();) {
+        cudaError_t err = cudaEventQuery(it->event);
+        if (err == cudaErrorNotReady) {
+          ++it;
+          continue;
+        }
+        Status st = err == cudaSuccess ? Status::Ok() : CudaError(err, "GPU copy");
+        GiveEvent(it->device, it->event);
+        auto done = std::move(it->done);
+        it = mine.erase(it);
+        done(st);
+        progressed = true;
+      }
+      if (!progressed && !mine.empty()) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+
+  std::vector<std::unique_ptr<DevicePool>> pools_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Pending> pending_;  // guarded by mu_
+  bool stopping_ = false;        // guarded by mu_
+  std::thread poller_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Copier>> Copier::Create() {
+  auto c = std::make_unique<CudaCopier>();
+  FERRY_RETURN_IF_ERROR(c->Init());
+  return std::unique_ptr<Copier>(std::move(c));
+}
+
+}  // namespace ferry::gpu
