@@ -25,7 +25,7 @@ namespace ferry {
 enum class Op : uint8_t { kRead = 0, kWrite = 1 };
 
 // The transport that moved a request. Tests and benchmarks check it.
-enum class TransportKind : uint8_t { kNone = 0, kLocal = 1, kShm = 2, kTcp = 3 };
+enum class TransportKind : uint8_t { kNone = 0, kLocal = 1, kShm = 2, kTcp = 3, kCudaIpc = 4 };
 std::string_view TransportName(TransportKind kind);
 
 using SegmentId = uint64_t;
@@ -165,10 +165,10 @@ class Engine {
   // no set order: ranges written by one must not overlap ranges another touches.
   Result<std::unique_ptr<Batch>> Submit(std::span<const Request> requests,
                                         std::chrono::milliseconds timeout = {});
-  // The same, with a submission stream for GPU memory. GPU memory moves only
-  // within this engine's own segment for now (the local transport); over tcp
-  // and shm it fails with NotSupported. Never blocks on the GPU: readiness is
-  // an event recorded on `options.stream`, waited on by the engine's streams.
+  // The same, with a submission stream for GPU memory. GPU memory moves within
+  // this engine's own segment (local) and to same-host peers (cuda_ipc); over
+  // tcp it fails with NotSupported for now. Never blocks on the GPU: readiness
+  // is an event recorded on `options.stream`, waited on by the engine's streams.
   Result<std::unique_ptr<Batch>> Submit(std::span<const Request> requests,
                                         const SubmitOptions& options);
   // Submits one request and waits for it.

@@ -71,13 +71,14 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   ServeArgs serve;
-  std::string serve_alloc = "64MiB", serve_heap = "0";
+  std::string serve_alloc = "64MiB", serve_heap = "0", serve_gpu = "0";
   auto* s = app.add_subcommand("serve", "Run an engine that exposes memory until SIGTERM");
   s->add_option("--host", serve.host, "Address to listen on");
   s->add_option("--port", serve.port, "Port (0 picks one)");
   s->add_option("--transport", serve.transport, "Force tcp or shm");
   s->add_option("--alloc", serve_alloc, "Engine-allocated (memfd) bytes to expose");
   s->add_option("--heap", serve_heap, "Heap bytes to register and expose");
+  s->add_option("--gpu-alloc", serve_gpu, "GPU bytes (device 0) to register and expose");
 
   auto* bench = app.add_subcommand("bench", "Benchmarks");
   bench->require_subcommand(1);
@@ -109,7 +110,8 @@ int main(int argc, char** argv) {
 
   if (s->parsed()) {
     if (!SizeOption(serve_alloc, &serve.alloc_bytes, "--alloc") ||
-        !SizeOption(serve_heap, &serve.heap_bytes, "--heap")) {
+        !SizeOption(serve_heap, &serve.heap_bytes, "--heap") ||
+        !SizeOption(serve_gpu, &serve.gpu_bytes, "--gpu-alloc")) {
       return 2;
     }
     return Serve(serve);

@@ -5,6 +5,7 @@
 
 #include "cli/cli.h"
 #include "ferry/engine.h"
+#include "gpu/gpu.h"
 
 namespace ferry::cli {
 
@@ -40,11 +41,23 @@ int Serve(const ServeArgs& args) {
     }
     out["heap"] = {{"addr", reinterpret_cast<uint64_t>(heap)}, {"length", args.heap_bytes}};
   }
+  void* gpu_mem = nullptr;
+  if (args.gpu_bytes > 0) {
+    auto g = gpu::AllocDevice(args.gpu_bytes, 0);
+    Status st = g.ok() ? e.RegisterMemory(g.value(), args.gpu_bytes) : g.status();
+    if (!st.ok()) {
+      std::fprintf(stderr, "ferry serve: --gpu-alloc: %s\n", st.ToString().c_str());
+      return 1;
+    }
+    gpu_mem = g.value();
+    out["gpu"] = {{"addr", reinterpret_cast<uint64_t>(gpu_mem)}, {"length", args.gpu_bytes}};
+  }
   std::printf("%s\n", out.dump().c_str());
   std::fflush(stdout);
   WaitForStopSignal();
   engine.value().reset();
   std::free(heap);
+  if (gpu_mem != nullptr) gpu::FreeDevice(gpu_mem);
   return 0;
 }
 

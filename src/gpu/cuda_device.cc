@@ -4,6 +4,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <cstring>
 #include <mutex>
 
 #include "gpu/gpu.h"
@@ -72,6 +73,58 @@ bool PinHost(void* p, size_t length) {
 void UnpinHost(void* p) {
   if (DeviceCount() > 0 && cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
 }
+
+std::string ExportIpc(const MemoryInfo& info) {
+  if (info.kind != MemoryKind::kDevice || info.alloc_base == 0) return {};
+  cudaIpcMemHandle_t h;
+  if (cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(info.alloc_base)) != cudaSuccess) {
+    cudaGetLastError();
+    return {};
+  }
+  return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
+}
+
+Result<void*> OpenIpc(const std::string& handle, int device) {
+  cudaIpcMemHandle_t h;
+  if (handle.size() != sizeof(h)) return Status(StatusCode::kInvalidArgument, "bad IPC handle");
+  std::memcpy(&h, handle.data(), sizeof(h));
+  int prev = 0;
+  cudaGetDevice(&prev);
+  cudaSetDevice(device);
+  void* p = nullptr;
+  cudaError_t err = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+  cudaSetDevice(prev);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return Status(StatusCode::kUnavailable,
+                  std::string("cudaIpcOpenMemHandle: ") + cudaGetErrorString(err));
+  }
+  return p;
+}
+
+void CloseIpc(void* base, int device) {
+  int prev = 0;
+  cudaGetDevice(&prev);
+  cudaSetDevice(device);
+  if (cudaIpcCloseMemHandle(base) != cudaSuccess) cudaGetLastError();
+  cudaSetDevice(prev);
+}
+
+Result<void*> AllocDevice(size_t length, int device) {
+  if (DeviceCount() == 0) return Status(StatusCode::kNotSupported, Describe());
+  cudaSetDevice(device);
+  void* p = nullptr;
+  cudaError_t err = cudaMalloc(&p, length);
+  if (err != cudaSuccess) {
+    return Status(StatusCode::kResourceExhausted,
+                  std::string("cudaMalloc: ") + cudaGetErrorString(err));
+  }
+  cudaMemset(p, 0, length);
+  cudaDeviceSynchronize();
+  return p;
+}
+
+void FreeDevice(void* p) { cudaFree(p); }
 
 MemoryInfo Classify(const void* ptr) {
   MemoryInfo info;

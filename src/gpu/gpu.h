@@ -10,6 +10,8 @@
 #include <string>
 #include <string_view>
 
+#include "ferry/status.h"
+
 namespace ferry::gpu {
 
 enum class MemoryKind : uint8_t { kHostPageable = 0, kHostPinned = 1, kDevice = 2 };
@@ -38,5 +40,17 @@ std::string_view MemoryKindName(MemoryKind kind);
 // Returns false without a GPU or on failure; the memory then stays pageable.
 bool PinHost(void* p, size_t length);
 void UnpinHost(void* p);
+
+// The CUDA IPC handle (64 bytes) of the allocation holding a device pointer,
+// as classified; empty when it cannot be exported. Done at registration.
+std::string ExportIpc(const MemoryInfo& info);
+// Maps a peer's allocation on `device`. Can synchronize the device: call when
+// a segment is opened, never on a data path. Close with CloseIpc.
+Result<void*> OpenIpc(const std::string& handle, int device);
+void CloseIpc(void* base, int device);
+
+// Device memory for tools and tests (`ferry serve --gpu-alloc`).
+Result<void*> AllocDevice(size_t length, int device);
+void FreeDevice(void* p);
 
 }  // namespace ferry::gpu

@@ -8,6 +8,15 @@ std::string Describe() { return "no GPU: built without CUDA"; }
 MemoryInfo Classify(const void*) { return {}; }
 bool PinHost(void*, size_t) { return false; }
 void UnpinHost(void*) {}
+std::string ExportIpc(const MemoryInfo&) { return {}; }
+Result<void*> OpenIpc(const std::string&, int) {
+  return Status(StatusCode::kNotSupported, "built without CUDA");
+}
+void CloseIpc(void*, int) {}
+Result<void*> AllocDevice(size_t, int) {
+  return Status(StatusCode::kNotSupported, "built without CUDA");
+}
+void FreeDevice(void*) {}
 
 }  // namespace ferry::gpu
 

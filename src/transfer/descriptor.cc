@@ -10,6 +10,8 @@ namespace ferry {
 namespace {
 constexpr uint32_t kDescriptorMagic = 0x43534446;  // "FDSC"
 constexpr size_t kMaxString = 256;
+constexpr size_t kMaxIpcHandle = 64;
+constexpr uint64_t kMinRegionBytes = 8 + 8 + 4 + 1 + 4 + 4 + 8;
 }  // namespace
 
 const RegionDesc* SegmentDescriptor::Find(uint64_t addr, uint64_t length) const {
@@ -40,6 +42,9 @@ std::vector<uint8_t> EncodeDescriptor(const SegmentDescriptor& d) {
     w.U64(r.length);
     w.I32(r.memfd);
     w.U8(r.kind);
+    w.I32(r.device);
+    w.Str(r.ipc);
+    w.U64(r.ipc_offset);
   }
   return out;
 }
@@ -59,13 +64,17 @@ Result<SegmentDescriptor> DecodeDescriptor(const uint8_t* data, size_t size) {
   if (!r.ok() || nt > 16) return bad("transport list");
   for (uint32_t i = 0; i < nt; ++i) d.transports.push_back(r.Str(kMaxString));
   uint32_t nr = r.U32();
-  if (!r.ok() || nr > kMaxDescriptorRegions || nr * 21ull > r.Left()) return bad("region count");
+  if (!r.ok() || nr > kMaxDescriptorRegions || nr * kMinRegionBytes > r.Left())
+    return bad("region count");
   d.regions.resize(nr);
   for (auto& reg : d.regions) {
     reg.addr = r.U64();
     reg.length = r.U64();
     reg.memfd = r.I32();
     reg.kind = r.U8();
+    reg.device = r.I32();
+    reg.ipc = r.Str(kMaxIpcHandle);
+    reg.ipc_offset = r.U64();
   }
   if (!r.ok()) return bad("truncated");
   if (r.Left() != 0) return bad("trailing bytes");

@@ -14,8 +14,11 @@ namespace ferry {
 struct RegionDesc {
   uint64_t addr = 0;
   uint64_t length = 0;
-  int32_t memfd = -1;  // the owner's fd number; same-host peers open /proc/<pid>/fd/<n>
-  uint8_t kind = 0;    // gpu::MemoryKind: host pageable, host pinned or device
+  int32_t memfd = -1;       // the owner's fd number; same-host peers open /proc/<pid>/fd/<n>
+  uint8_t kind = 0;         // gpu::MemoryKind: host pageable, host pinned or device
+  int32_t device = -1;      // the owner's GPU index for device memory
+  std::string ipc;          // device memory: CUDA IPC handle of the allocation, or empty
+  uint64_t ipc_offset = 0;  // addr minus the allocation's base
 };
 
 struct SegmentDescriptor {

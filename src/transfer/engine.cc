@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <asio.hpp>
+#include <map>
 #include <optional>
 #include <random>
 #include <thread>
@@ -36,6 +37,8 @@ std::string_view TransportName(TransportKind kind) {
       return "shm";
     case TransportKind::kTcp:
       return "tcp";
+    case TransportKind::kCudaIpc:
+      return "cuda_ipc";
   }
   return "unknown";
 }
@@ -184,8 +187,10 @@ class Engine::Impl {
     d.pid = static_cast<uint32_t>(getpid());
     d.transports = {"tcp"};
     if (options_.transport != "tcp") d.transports.push_back("shm");
+    if (copier_ && options_.transport != "tcp") d.transports.push_back("cuda_ipc");
     for (const Region& r : registry_.Snapshot()) {
-      d.regions.push_back({r.addr, r.length, r.memfd, static_cast<uint8_t>(r.kind)});
+      d.regions.push_back(
+          {r.addr, r.length, r.memfd, static_cast<uint8_t>(r.kind), r.device, r.ipc, r.ipc_offset});
     }
     return d;
   }
@@ -198,6 +203,10 @@ class Engine::Impl {
       gpu::MemoryInfo info = gpu::Classify(addr);
       r.kind = info.kind;
       r.device = info.device;
+      if (info.kind == gpu::MemoryKind::kDevice) {
+        r.ipc = gpu::ExportIpc(info);  // empty: same-host peers cannot map it
+        r.ipc_offset = r.addr - info.alloc_base;
+      }
     }
     return registry_.Add(r);
   }
@@ -229,7 +238,11 @@ class Engine::Impl {
       close(fd);
       return Status::FromErrno(err, "mmap");
     }
-    Region r{reinterpret_cast<uint64_t>(p), length, fd, true};
+    Region r;
+    r.addr = reinterpret_cast<uint64_t>(p);
+    r.length = length;
+    r.memfd = fd;
+    r.owned = true;
     if (has_gpu_ && gpu::PinHost(p, length)) {
       r.pinned = true;
       r.kind = gpu::MemoryKind::kHostPinned;
@@ -263,11 +276,16 @@ class Engine::Impl {
       FERRY_ASSIGN_OR_RETURN(SegmentDescriptor d, FetchDescriptor(addr, options_.connect_timeout));
       desc = std::make_shared<SegmentDescriptor>(std::move(d));
     }
-    std::lock_guard lk(segments_mu_);
-    SegmentId id = next_segment_++;
-    auto seg = std::make_shared<Segment>(id, std::string(name), addr.host, addr.port, self);
-    seg->set_descriptor(std::move(desc));
-    segments_[id] = std::move(seg);
+    std::shared_ptr<Segment> seg;
+    SegmentId id;
+    {
+      std::lock_guard lk(segments_mu_);
+      id = next_segment_++;
+      seg = std::make_shared<Segment>(id, std::string(name), addr.host, addr.port, self);
+      seg->set_descriptor(std::move(desc));
+      segments_[id] = seg;
+    }
+    PreConnectGpu(seg);
     return id;
   }
 
@@ -339,11 +357,15 @@ class Engine::Impl {
 
   // The endpoint of the first transport, in priority order, that may serve this
   // segment. Connect never blocks, so neither does this.
+  // The endpoint of the first transport, in priority order, that may serve this
+  // segment for host or GPU memory. Connect never blocks, so neither does this.
   Result<std::pair<Transport*, std::shared_ptr<Endpoint>>> Route(
-      const std::shared_ptr<Segment>& seg) {
+      const std::shared_ptr<Segment>& seg, bool gpu) {
     std::lock_guard lk(seg->endpoints_mu);
     for (auto& t : transports_) {
-      if (!Allowed(*t, *seg) || !t->CanReach(*seg)) continue;
+      const TransportCaps& c = t->caps();
+      if (!(gpu ? c.gpu_memory : c.host_memory)) continue;
+      if (!Allowed(*t) || !t->CanReach(*seg)) continue;
       auto it = seg->endpoints.find(t.get());
       if (it != seg->endpoints.end()) return std::make_pair(t.get(), it->second);
       auto ep = t->Connect(seg);
@@ -351,16 +373,31 @@ class Engine::Impl {
       seg->endpoints[t.get()] = ep.value();
       return std::make_pair(t.get(), std::move(ep).value());
     }
-    return Status(StatusCode::kUnavailable, "no transport can reach segment " + seg->name() +
-                                                (forced_.empty() ? "" : " with " + forced_));
+    const std::string how = forced_.empty() ? "" : " with " + forced_;
+    if (gpu) {
+      return Status(StatusCode::kNotSupported,
+                    "no transport moves GPU memory to segment " + seg->name() + how + " yet");
+    }
+    return Status(StatusCode::kUnavailable, "no transport can reach segment " + seg->name() + how);
   }
 
-  bool Allowed(const Transport& t, const Segment& seg) const {
+  // A forced transport applies to remote segments and to our own, so tests and
+  // benchmarks can push loopback traffic through tcp or shm. It forces the
+  // host-memory path only.
+  bool Allowed(const Transport& t) const {
     if (forced_.empty()) return true;
-    // A forced transport applies to remote segments and to our own, so tests
-    // and benchmarks can push loopback traffic through tcp or shm.
-    (void)seg;
-    return forced_ == t.caps().name;
+    return forced_ == t.caps().name ||
+           (t.caps().gpu_memory && !t.caps().host_memory && forced_ != "tcp");
+  }
+
+  // Maps what a segment's GPU memory needs (IPC handles, registered mappings)
+  // when it is opened, so no data path opens or registers anything (R4).
+  void PreConnectGpu(const std::shared_ptr<Segment>& seg) {
+    if (!copier_) return;
+    auto d = seg->descriptor();
+    if (!d || seg->is_self()) return;
+    auto r = Route(seg, true);
+    if (!r.ok()) FERRY_LOG_DEBUG("no GPU path to {}: {}", seg->name(), r.status().ToString());
   }
 
   Result<std::unique_ptr<Batch>> Submit(std::span<const Request> reqs, const SubmitOptions& opts) {
@@ -386,55 +423,56 @@ class Engine::Impl {
       }
     }
     auto state = std::make_shared<BatchState>(reqs.size());
+    std::unordered_map<SegmentId, Status> stale_errors;
     Deadline deadline = Deadline::After(timeout);
     state->NoteDeadline(deadline);
 
     // Route every request first, then plan every task, then post: a task that
     // completes early must never see its request's count unset.
+    for (auto& [id, seg] : segs) {
+      if (seg->TakeStale()) {
+        Status st = Refresh(*seg);
+        if (!st.ok()) stale_errors[id] = st;
+      }
+    }
     struct Route {
       Status status;
       Transport* transport = nullptr;
       std::shared_ptr<Endpoint> ep;
     };
-    std::unordered_map<SegmentId, Route> routes;
-    for (auto& [id, seg] : segs) {
-      Route rt;
-      if (seg->TakeStale()) rt.status = Refresh(*seg);
-      if (rt.status.ok()) {
-        auto r = this->Route(seg);
-        if (r.ok()) {
-          rt.transport = r.value().first;
-          rt.ep = r.value().second;
-        } else {
-          rt.status = r.status();
-        }
-      }
-      routes.emplace(id, std::move(rt));
-    }
+    std::map<std::pair<SegmentId, bool>, Route> routes;  // by segment and GPU-ness
     std::unordered_map<Endpoint*, std::vector<Task>> posts;
     std::vector<std::shared_ptr<Endpoint>> keep;
     std::shared_ptr<gpu::ReadyEvent> ready;
     for (size_t i = 0; i < reqs.size(); ++i) {
       const Request& r = reqs[i];
-      const Route& rt = routes[r.segment];
+      const std::shared_ptr<Segment>& seg = segs[r.segment];
+      if (auto it = stale_errors.find(r.segment); it != stale_errors.end()) {
+        state->FailRequest(i, it->second);
+        continue;
+      }
+      const int gpu_device = has_gpu_ ? GpuDevice(r, *seg) : -1;
+      const bool gpu = gpu_device >= 0;
+      auto [rit, fresh] = routes.try_emplace({r.segment, gpu});
+      Route& rt = rit->second;
+      if (fresh) {
+        auto got = this->Route(seg, gpu);
+        if (got.ok()) {
+          rt.transport = got.value().first;
+          rt.ep = got.value().second;
+        } else {
+          rt.status = got.status();
+        }
+      }
       if (!rt.status.ok()) {
         state->FailRequest(i, rt.status);
         continue;
       }
-      int gpu_device = -1;
-      if (has_gpu_) {
-        auto dev = GpuDevice(r, *segs[r.segment], rt.transport->caps().kind);
-        if (!dev.ok()) {
-          state->FailRequest(i, dev.status());
-          continue;
-        }
-        gpu_device = dev.value();
-        if (gpu_device >= 0 && !ready && !opts.already_ready) {
-          // R1/R2: one event on the submission stream orders the whole batch.
-          auto rec = copier_->RecordReady(opts.stream);
-          if (!rec.ok()) return rec.status();  // nothing has been posted yet
-          ready = std::move(rec).value();
-        }
+      if (gpu && !ready && !opts.already_ready) {
+        // R1/R2: one event on the submission stream orders the whole batch.
+        auto rec = copier_->RecordReady(opts.stream);
+        if (!rec.ok()) return rec.status();  // nothing has been posted yet
+        ready = std::move(rec).value();
       }
       const uint64_t slice = rt.transport->caps().max_task_bytes;
       uint32_t n = static_cast<uint32_t>((r.length + slice - 1) / slice);
@@ -478,9 +516,8 @@ class Engine::Impl {
 
   // The GPU that copies a request touching GPU memory, or -1 for host memory.
   // Registered ranges were classified once; other local buffers are classified
-  // here. Only the local transport moves GPU memory so far: elsewhere it is
-  // refused rather than faulting on a copy thread or a socket.
-  Result<int> GpuDevice(const Request& r, const Segment& seg, TransportKind via) const {
+  // here. A GPU request is routed only to transports that declare GPU memory.
+  int GpuDevice(const Request& r, const Segment& seg) const {
     gpu::MemoryInfo local;
     if (auto reg = registry_.Find(reinterpret_cast<uint64_t>(r.local), r.length)) {
       local.kind = reg->kind;
@@ -488,24 +525,16 @@ class Engine::Impl {
     } else {
       local = gpu::Classify(r.local);
     }
-    gpu::MemoryInfo remote;
-    if (via == TransportKind::kLocal) {
-      if (auto reg = registry_.Find(r.remote, r.length)) {
-        remote.kind = reg->kind;
-        remote.device = reg->device;
-      }
-    } else if (auto d = seg.descriptor()) {
-      if (const RegionDesc* g = d->Find(r.remote, r.length)) {
-        remote.kind = static_cast<gpu::MemoryKind>(g->kind);
-      }
+    if (local.kind == gpu::MemoryKind::kDevice) return std::max(local.device, 0);
+    if (seg.is_self()) {
+      auto reg = registry_.Find(r.remote, r.length);
+      return reg && reg->kind == gpu::MemoryKind::kDevice ? std::max(reg->device, 0) : -1;
     }
-    const bool local_gpu = local.kind == gpu::MemoryKind::kDevice;
-    if (!local_gpu && remote.kind != gpu::MemoryKind::kDevice) return -1;
-    if (via != TransportKind::kLocal || copier_ == nullptr) {
-      return Status(StatusCode::kNotSupported,
-                    "GPU memory over " + std::string(TransportName(via)) + " is not supported yet");
-    }
-    return local_gpu ? local.device : remote.device;
+    auto d = seg.descriptor();
+    const RegionDesc* g = d ? d->Find(r.remote, r.length) : nullptr;
+    if (!g || g->kind != static_cast<uint8_t>(gpu::MemoryKind::kDevice)) return -1;
+    // The peer's device index, where this process sees that many GPUs.
+    return g->device >= 0 && g->device < gpu::DeviceCount() ? g->device : 0;
   }
 
   static void ReleaseOwned(const Region& r) {

@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <shared_mutex>
+#include <string>
 #include <vector>
 
 #include "ferry/status.h"
@@ -21,6 +22,8 @@ struct Region {
   bool pinned = false;  // page-locked by the engine for GPU copies
   gpu::MemoryKind kind = gpu::MemoryKind::kHostPageable;  // classified at registration
   int device = -1;
+  std::string ipc;          // device memory: the allocation's CUDA IPC handle
+  uint64_t ipc_offset = 0;  // addr minus the allocation's base
 };
 
 class MemoryRegistry {

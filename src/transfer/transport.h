@@ -38,6 +38,8 @@ struct TransportCaps {
   const char* name = "";
   int priority = 0;             // lower is tried first
   uint64_t max_task_bytes = 0;  // requests are sliced to at most this
+  bool host_memory = true;      // moves requests whose both sides are host memory
+  bool gpu_memory = false;      // moves requests with GPU memory on a side
 };
 
 // A transport's path to one segment. Shared with in-flight work, so it may

@@ -9,6 +9,7 @@
 
 #include "ferry/engine.h"
 #include "gpu/kernels.h"
+#include "integration/peer.h"
 
 #ifdef FERRY_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -49,9 +50,10 @@ TEST(Gpu, ClassifiesDevicePinnedAndPageableMemory) {
   cudaFree(dev);
 }
 
-// A device buffer as the producer, and the engine's own segment as the target
-// (the local transport, the one GPU path so far).
-class GpuLocal : public ::testing::Test {
+// A device buffer as the producer; the target is the engine's own segment
+// (local) or a `ferry serve` peer process on the same host (cuda_ipc), each
+// exposing a GPU buffer and a page-locked memfd host buffer.
+class GpuTransfer : public ::testing::TestWithParam<std::string> {
  protected:
   static constexpr size_t kBytes = 1 << 20;
 
@@ -61,13 +63,26 @@ class GpuLocal : public ::testing::Test {
     ASSERT_TRUE(e.ok()) << e.status().ToString();
     engine_ = std::move(e).value();
     ASSERT_EQ(cudaMalloc(&src_, kBytes), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&dev_dst_, kBytes), cudaSuccess);
-    ASSERT_TRUE(engine_->RegisterMemory(dev_dst_, kBytes).ok());
-    auto host = engine_->AllocateMemory(kBytes);  // memfd, page-locked
-    ASSERT_TRUE(host.ok());
-    host_dst_ = static_cast<unsigned char*>(host.value());
-    auto seg = engine_->OpenSegment(engine_->name());
-    ASSERT_TRUE(seg.ok());
+    if (GetParam() == "local") {
+      ASSERT_EQ(cudaMalloc(&own_dev_, kBytes), cudaSuccess);
+      ASSERT_TRUE(engine_->RegisterMemory(own_dev_, kBytes).ok());
+      auto host = engine_->AllocateMemory(kBytes);  // memfd, page-locked
+      ASSERT_TRUE(host.ok());
+      dev_dst_ = reinterpret_cast<uint64_t>(own_dev_);
+      host_dst_ = reinterpret_cast<uint64_t>(host.value());
+      name_ = engine_->name();
+      want_ = TransportKind::kLocal;
+    } else {
+      auto p = test::StartPeer(kBytes, 0, 0, kBytes);
+      ASSERT_TRUE(p.ok()) << p.status().ToString();
+      peer_ = std::move(p).value();
+      dev_dst_ = peer_.gpu_addr;
+      host_dst_ = peer_.alloc_addr;
+      name_ = peer_.segment;
+      want_ = TransportKind::kCudaIpc;
+    }
+    auto seg = engine_->OpenSegment(name_);
+    ASSERT_TRUE(seg.ok()) << seg.status().ToString();
     seg_ = seg.value();
     ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
     ASSERT_EQ(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking), cudaSuccess);
@@ -81,13 +96,19 @@ class GpuLocal : public ::testing::Test {
     cudaStreamDestroy(stream_);
     cudaStreamDestroy(side_);
     cudaFree(src_);
-    cudaFree(dev_dst_);
+    if (own_dev_ != nullptr) cudaFree(own_dev_);
     engine_.reset();
   }
 
-  bool AllEqual(const unsigned char* p, size_t n, unsigned char v) {
-    for (size_t i = 0; i < n; ++i) {
-      if (p[i] != v) return false;
+  // Reads `n` bytes at `remote` back through the engine and checks them.
+  bool Holds(uint64_t remote, size_t n, unsigned char v) {
+    std::vector<unsigned char> back(n, static_cast<unsigned char>(v + 1));
+    SubmitOptions o;
+    o.already_ready = true;
+    auto b = engine_->Submit(std::vector<Request>{{Op::kRead, back.data(), seg_, remote, n}}, o);
+    if (!b.ok() || !b.value()->Wait(std::chrono::seconds(10)).ok()) return false;
+    for (unsigned char c : back) {
+      if (c != v) return false;
     }
     return true;
   }
@@ -95,7 +116,7 @@ class GpuLocal : public ::testing::Test {
   // One round: a producer still running at submit fills src_ with `v`; the
   // engine writes src_ to `dst` in `pieces` requests. Returns whether `dst`
   // then holds `v`, and sets `pending` if the producer was unfinished at the call.
-  bool Round(unsigned char v, int pieces, bool side_stream, bool already_ready, void* dst,
+  bool Round(unsigned char v, int pieces, bool side_stream, bool already_ready, uint64_t dst,
              bool* pending) {
     cudaStream_t producer = side_stream ? side_ : stream_;
     test::LaunchSpinThenFill(src_, kBytes, v, 2'000'000, producer);  // about 2 ms
@@ -104,8 +125,8 @@ class GpuLocal : public ::testing::Test {
     std::vector<Request> reqs;
     const size_t piece = kBytes / static_cast<size_t>(pieces);
     for (int i = 0; i < pieces; ++i) {
-      reqs.push_back({Op::kWrite, static_cast<char*>(src_) + i * piece, seg_,
-                      reinterpret_cast<uint64_t>(dst) + i * piece, piece});
+      reqs.push_back(
+          {Op::kWrite, static_cast<char*>(src_) + i * piece, seg_, dst + i * piece, piece});
     }
     SubmitOptions o;
     o.stream = stream_;
@@ -114,17 +135,14 @@ class GpuLocal : public ::testing::Test {
     *pending = cudaEventQuery(produced_) == cudaErrorNotReady;
     if (!b.ok() || !b.value()->Wait(std::chrono::seconds(10)).ok()) return false;
     for (size_t i = 0; i < reqs.size(); ++i) {
-      if (b.value()->Result(i).transport != TransportKind::kLocal) return false;
+      EXPECT_EQ(b.value()->Result(i).transport, want_);
     }
-    if (dst == host_dst_) return AllEqual(host_dst_, kBytes, v);
-    std::vector<unsigned char> back(kBytes);
-    cudaMemcpy(back.data(), dst, kBytes, cudaMemcpyDeviceToHost);  // test thread only
-    return AllEqual(back.data(), kBytes, v);
+    return Holds(dst, kBytes, v);
   }
 
   // 100 rounds; returns how many were correct, and checks the producer was
   // pending at every submit.
-  int Rounds(int pieces, bool side_stream, bool already_ready, void* dst) {
+  int Rounds(int pieces, bool side_stream, bool already_ready, uint64_t dst) {
     int correct = 0, pending_rounds = 0;
     for (int r = 0; r < 100; ++r) {
       bool pending = false;
@@ -141,36 +159,40 @@ class GpuLocal : public ::testing::Test {
   }
 
   std::unique_ptr<Engine> engine_;
+  test::Peer peer_;
+  std::string name_;
   SegmentId seg_ = 0;
+  TransportKind want_ = TransportKind::kNone;
   void* src_ = nullptr;
-  void* dev_dst_ = nullptr;
-  unsigned char* host_dst_ = nullptr;
+  void* own_dev_ = nullptr;
+  uint64_t dev_dst_ = 0, host_dst_ = 0;
   cudaStream_t stream_ = nullptr, side_ = nullptr;
   cudaEvent_t produced_ = nullptr;
 };
 
-TEST_F(GpuLocal, ReadinessDeviceToHostSingleAndBatched) {
+TEST_P(GpuTransfer, ReadinessDeviceToHostSingleAndBatched) {
   EXPECT_EQ(Rounds(1, false, false, host_dst_), 100);
   EXPECT_EQ(Rounds(8, false, false, host_dst_), 100);
 }
 
-TEST_F(GpuLocal, ReadinessDeviceToDeviceSingleAndBatched) {
+TEST_P(GpuTransfer, ReadinessDeviceToDeviceSingleAndBatched) {
   EXPECT_EQ(Rounds(1, false, false, dev_dst_), 100);
   EXPECT_EQ(Rounds(8, false, false, dev_dst_), 100);
 }
 
-TEST_F(GpuLocal, ReadinessWithAProducerOnASideStreamJoinedByAnEvent) {
+TEST_P(GpuTransfer, ReadinessWithAProducerOnASideStreamJoinedByAnEvent) {
   EXPECT_EQ(Rounds(1, true, false, host_dst_), 100);
   EXPECT_EQ(Rounds(8, true, false, dev_dst_), 100);
 }
 
-TEST_F(GpuLocal, ControlWithoutReadinessReadsStaleData) {
+TEST_P(GpuTransfer, ControlWithoutReadinessReadsStaleData) {
   // Proves the readiness test can fail: opting out copies before the producer.
-  int correct = Rounds(1, false, true, host_dst_);
+  int correct = Rounds(1, false, true, dev_dst_);
+  RecordProperty("control_correct_of_100", correct);
   EXPECT_LT(correct, 100);
 }
 
-TEST_F(GpuLocal, NoStallBehindAKernelOnABlockingStream) {
+TEST_P(GpuTransfer, NoStallBehindAKernelOnABlockingStream) {
   cudaStream_t blocking;
   ASSERT_EQ(cudaStreamCreate(&blocking), cudaSuccess);
   void* scratch = nullptr;
@@ -178,46 +200,48 @@ TEST_F(GpuLocal, NoStallBehindAKernelOnABlockingStream) {
   cudaMemset(src_, 7, 4096);
   cudaDeviceSynchronize();
   test::LaunchSpinThenFill(scratch, 4096, 1, 1'000'000'000, blocking);  // about 1 s
-  auto t0 = std::chrono::steady_clock::now();
-  SubmitOptions o;
-  o.stream = stream_;  // idle; any stream but the legacy default
-  auto b = engine_->Submit(
-      std::vector<Request>{{Op::kWrite, src_, seg_, reinterpret_cast<uint64_t>(host_dst_), 4096}},
-      o);
-  ASSERT_TRUE(b.ok());
-  ASSERT_TRUE(b.value()->Wait(std::chrono::seconds(10)).ok());
-  double ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  bool kernel_running = cudaStreamQuery(blocking) == cudaErrorNotReady;
-  EXPECT_TRUE(kernel_running);
-  EXPECT_LT(ms, 5.0);
-  EXPECT_TRUE(AllEqual(host_dst_, 4096, 7));
-  RecordProperty("no_stall_ms", std::to_string(ms));
+  for (uint64_t dst : {dev_dst_, host_dst_}) {
+    auto t0 = std::chrono::steady_clock::now();
+    SubmitOptions o;
+    o.stream = stream_;  // idle; any stream but the legacy default
+    auto b = engine_->Submit(std::vector<Request>{{Op::kWrite, src_, seg_, dst, 4096}}, o);
+    ASSERT_TRUE(b.ok());
+    ASSERT_TRUE(b.value()->Wait(std::chrono::seconds(10)).ok());
+    double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(cudaStreamQuery(blocking), cudaErrorNotReady) << "the kernel must still run";
+    EXPECT_LT(ms, 5.0);
+    EXPECT_EQ(b.value()->Result(0).transport, want_);
+    RecordProperty(dst == dev_dst_ ? "no_stall_d2d_ms" : "no_stall_d2h_ms", std::to_string(ms));
+  }
   cudaStreamSynchronize(blocking);
+  EXPECT_TRUE(Holds(dev_dst_, 4096, 7));
+  EXPECT_TRUE(Holds(host_dst_, 4096, 7));
   cudaStreamDestroy(blocking);
   cudaFree(scratch);
 }
 
-TEST_F(GpuLocal, GpuMemoryOverTcpOrShmIsRefusedClearly) {
-  for (const char* t : {"tcp", "shm"}) {
-    EngineOptions o;
-    o.transport = t;
-    auto other = Engine::Create(o);
-    ASSERT_TRUE(other.ok());
-    auto seg = other.value()->OpenSegment(engine_->name());
-    ASSERT_TRUE(seg.ok());
-    std::vector<char> host(4096);
-    // Remote GPU memory, and local GPU memory.
-    for (Request r :
-         {Request{Op::kWrite, host.data(), seg.value(), reinterpret_cast<uint64_t>(dev_dst_), 4096},
-          Request{Op::kWrite, src_, seg.value(), reinterpret_cast<uint64_t>(host_dst_), 4096}}) {
-      auto b = other.value()->Submit(std::vector<Request>{r});
-      ASSERT_TRUE(b.ok());
-      Status st = b.value()->Wait(std::chrono::seconds(5));
-      EXPECT_EQ(st.code(), StatusCode::kNotSupported) << t << ": " << st.ToString();
-    }
+TEST_P(GpuTransfer, GpuMemoryOverTcpIsRefusedClearly) {
+  EngineOptions o;
+  o.transport = "tcp";
+  auto other = Engine::Create(o);
+  ASSERT_TRUE(other.ok());
+  auto seg = other.value()->OpenSegment(name_);
+  ASSERT_TRUE(seg.ok());
+  std::vector<char> host(4096);
+  // Remote GPU memory, and local GPU memory.
+  for (Request r : {Request{Op::kWrite, host.data(), seg.value(), dev_dst_, 4096},
+                    Request{Op::kWrite, src_, seg.value(), host_dst_, 4096}}) {
+    auto b = other.value()->Submit(std::vector<Request>{r});
+    ASSERT_TRUE(b.ok());
+    Status st = b.value()->Wait(std::chrono::seconds(5));
+    EXPECT_EQ(st.code(), StatusCode::kNotSupported) << st.ToString();
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, GpuTransfer, ::testing::Values("local", "cuda_ipc"),
+                         [](const auto& info) { return info.param; });
+
 #else
 TEST(Gpu, BuiltWithoutCuda) { GTEST_SKIP() << "built without a CUDA toolkit"; }
 #endif

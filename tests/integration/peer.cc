@@ -17,11 +17,12 @@ static std::string FerryBin() {
   return env != nullptr && *env != '\0' ? env : FERRY_BIN;
 }
 
-Result<Peer> StartPeer(uint64_t alloc_bytes, uint64_t heap_bytes, uint16_t port) {
-  auto proc =
-      Subprocess::Spawn({FerryBin(), "serve", "--alloc", std::to_string(alloc_bytes), "--heap",
-                         std::to_string(heap_bytes), "--port", std::to_string(port)},
-                        true);
+Result<Peer> StartPeer(uint64_t alloc_bytes, uint64_t heap_bytes, uint16_t port,
+                       uint64_t gpu_bytes) {
+  auto proc = Subprocess::Spawn({FerryBin(), "serve", "--alloc", std::to_string(alloc_bytes),
+                                 "--heap", std::to_string(heap_bytes), "--port",
+                                 std::to_string(port), "--gpu-alloc", std::to_string(gpu_bytes)},
+                                true);
   if (!proc.ok()) return proc.status();
   auto line = proc.value()->ReadLine(std::chrono::seconds(20));
   if (!line.ok()) return line.status();
@@ -34,6 +35,10 @@ Result<Peer> StartPeer(uint64_t alloc_bytes, uint64_t heap_bytes, uint16_t port)
   if (j.contains("alloc")) {
     p.alloc_addr = j["alloc"]["addr"];
     p.alloc_len = j["alloc"]["length"];
+  }
+  if (j.contains("gpu")) {
+    p.gpu_addr = j["gpu"]["addr"];
+    p.gpu_len = j["gpu"]["length"];
   }
   if (j.contains("heap")) {
     p.heap_addr = j["heap"]["addr"];

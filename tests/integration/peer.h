@@ -15,11 +15,13 @@ struct Peer {
   uint64_t epoch = 0;
   uint64_t alloc_addr = 0, alloc_len = 0;
   uint64_t heap_addr = 0, heap_len = 0;
+  uint64_t gpu_addr = 0, gpu_len = 0;
   uint16_t port() const;
 };
 
 // Starts a peer; `port` 0 picks one. Extra args go to `ferry serve`.
-Result<Peer> StartPeer(uint64_t alloc_bytes, uint64_t heap_bytes, uint16_t port = 0);
+Result<Peer> StartPeer(uint64_t alloc_bytes, uint64_t heap_bytes, uint16_t port = 0,
+                       uint64_t gpu_bytes = 0);
 
 // Deterministic pseudo-random bytes.
 void FillRandom(void* p, size_t n, uint64_t seed);

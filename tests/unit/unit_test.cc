@@ -92,13 +92,30 @@ TEST(Wire, HeaderIsPackedLittleEndianAndValidated) {
   }
 }
 
+Region R(uint64_t addr, uint64_t length) {
+  Region r;
+  r.addr = addr;
+  r.length = length;
+  return r;
+}
+
 SegmentDescriptor Sample() {
   SegmentDescriptor d;
   d.epoch = 99;
   d.host_id = "boot/4026531836";
   d.pid = 1234;
   d.transports = {"tcp", "shm"};
-  d.regions = {{0x1000, 0x1000, 7}, {0x3000, 0x100, -1}};
+  RegionDesc a, b;
+  a.addr = 0x1000;
+  a.length = 0x1000;
+  a.memfd = 7;
+  b.addr = 0x3000;
+  b.length = 0x100;
+  b.kind = 2;  // device memory with an IPC handle
+  b.device = 1;
+  b.ipc = std::string(64, 'h');
+  b.ipc_offset = 0x40;
+  d.regions = {a, b};
   return d;
 }
 
@@ -111,6 +128,10 @@ TEST(Descriptor, RoundTripAndLookup) {
   EXPECT_EQ(d.value().regions.size(), 2u);
   EXPECT_EQ(d.value().regions[0].memfd, 7);
   EXPECT_EQ(d.value().regions[1].memfd, -1);
+  EXPECT_EQ(d.value().regions[1].kind, 2);
+  EXPECT_EQ(d.value().regions[1].device, 1);
+  EXPECT_EQ(d.value().regions[1].ipc, std::string(64, 'h'));
+  EXPECT_EQ(d.value().regions[1].ipc_offset, 0x40u);
   EXPECT_TRUE(d.value().Offers("shm"));
   EXPECT_NE(d.value().Find(0x1000, 0x1000), nullptr);
   EXPECT_EQ(d.value().Find(0x1fff, 2), nullptr);  // crosses the end
@@ -132,6 +153,14 @@ TEST(Descriptor, EveryTruncationAndCorruptionIsRejected) {
   overlap.regions[1].addr = 0x1800;
   auto ob = EncodeDescriptor(overlap);
   EXPECT_FALSE(DecodeDescriptor(ob.data(), ob.size()).ok());
+  SegmentDescriptor kind = Sample();
+  kind.regions[0].kind = 3;  // no such memory kind
+  auto kb = EncodeDescriptor(kind);
+  EXPECT_FALSE(DecodeDescriptor(kb.data(), kb.size()).ok());
+  SegmentDescriptor ipc = Sample();
+  ipc.regions[1].ipc = std::string(65, 'h');  // longer than any CUDA IPC handle
+  auto ib = EncodeDescriptor(ipc);
+  EXPECT_FALSE(DecodeDescriptor(ib.data(), ib.size()).ok());
   SegmentDescriptor zero = Sample();
   zero.epoch = 0;
   auto zb = EncodeDescriptor(zero);
@@ -144,14 +173,14 @@ TEST(Descriptor, EveryTruncationAndCorruptionIsRejected) {
 
 TEST(MemoryRegistry, OverlapsAreRejectedAndContainsIsExact) {
   MemoryRegistry reg;
-  ASSERT_TRUE(reg.Add({0x10000, 0x1000, -1, false}).ok());
-  EXPECT_EQ(reg.Add({0x10000, 1, -1, false}).code(), StatusCode::kAlreadyExists);
-  EXPECT_EQ(reg.Add({0xffff, 2, -1, false}).code(), StatusCode::kAlreadyExists);
-  EXPECT_EQ(reg.Add({0x10fff, 5, -1, false}).code(), StatusCode::kAlreadyExists);
-  EXPECT_EQ(reg.Add({0x8000, 0x10000, -1, false}).code(), StatusCode::kAlreadyExists);
-  EXPECT_EQ(reg.Add({0x20000, 0, -1, false}).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(reg.Add({~0ull - 10, 100, -1, false}).code(), StatusCode::kInvalidArgument);
-  ASSERT_TRUE(reg.Add({0x11000, 0x1000, -1, false}).ok());  // adjacent
+  ASSERT_TRUE(reg.Add(R(0x10000, 0x1000)).ok());
+  EXPECT_EQ(reg.Add(R(0x10000, 1)).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(reg.Add(R(0xffff, 2)).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(reg.Add(R(0x10fff, 5)).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(reg.Add(R(0x8000, 0x10000)).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(reg.Add(R(0x20000, 0)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(reg.Add(R(~0ull - 10, 100)).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(reg.Add(R(0x11000, 0x1000)).ok());  // adjacent
   EXPECT_TRUE(reg.Contains(0x10000, 0x1000));
   EXPECT_TRUE(reg.Contains(0x10fff, 1));
   EXPECT_FALSE(reg.Contains(0x10fff, 2));  // spans two registrations

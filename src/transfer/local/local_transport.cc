@@ -59,6 +59,7 @@ class LocalTransport : public Transport {
     caps_.name = "local";
     caps_.priority = 10;
     caps_.max_task_bytes = 8ull << 20;
+    caps_.gpu_memory = true;  // through the engine's GPU copier
   }
 
   const TransportCaps& caps() const override { return caps_; }
