@@ -20,6 +20,7 @@
 #include "common/clock.h"
 #include "common/subprocess.h"
 #include "ferry/engine.h"
+#include "gpu/gpu.h"
 
 namespace ferry::cli {
 namespace {
@@ -142,7 +143,18 @@ int RunTarget(const BenchArgs& a, uint64_t bytes) {
     std::fprintf(stderr, "bench target: %s\n", engine.status().ToString().c_str());
     return 1;
   }
-  auto mem = engine.value()->AllocateMemory(bytes);
+  // The target holds the destination of a write and the source of a read.
+  const int gpu = a.op == "write" ? a.gpu_dst : a.gpu_src;
+  Result<void*> mem = Status(StatusCode::kInternal, "unset");
+  if (gpu >= 0) {
+    mem = gpu::AllocDevice(bytes, gpu);
+    if (mem.ok()) {
+      Status st = engine.value()->RegisterMemory(mem.value(), bytes);
+      if (!st.ok()) mem = st;
+    }
+  } else {
+    mem = engine.value()->AllocateMemory(bytes);
+  }
   if (!mem.ok()) {
     std::fprintf(stderr, "bench target: %s\n", mem.status().ToString().c_str());
     return 1;
@@ -188,14 +200,25 @@ int RunInitiator(const BenchArgs& a) {
     return 1;
   }
   const uint64_t remote = info.value().buffers[0].addr;
-  auto local = e.AllocateMemory(per_thread * static_cast<uint64_t>(a.threads));
+  const Op op = a.op == "write" ? Op::kWrite : Op::kRead;
+  const uint64_t local_bytes = per_thread * static_cast<uint64_t>(a.threads);
+  const int local_gpu = op == Op::kWrite ? a.gpu_src : a.gpu_dst;
+  Result<void*> local = Status(StatusCode::kInternal, "unset");
+  if (local_gpu >= 0) {
+    local = gpu::AllocDevice(local_bytes, local_gpu);
+    if (local.ok()) {
+      Status st = e.RegisterMemory(local.value(), local_bytes);
+      if (!st.ok()) local = st;
+    }
+  } else {
+    local = e.AllocateMemory(local_bytes);
+    if (local.ok()) std::memset(local.value(), 7, local_bytes);
+  }
   if (!local.ok()) {
     std::fprintf(stderr, "bench initiator: %s\n", local.status().ToString().c_str());
     return 1;
   }
   char* lbase = static_cast<char*>(local.value());
-  std::memset(lbase, 7, per_thread * static_cast<uint64_t>(a.threads));
-  const Op op = a.op == "write" ? Op::kWrite : Op::kRead;
 
   std::atomic<bool> stop{false};
   std::atomic<int> errors{0};
@@ -249,7 +272,11 @@ int RunInitiator(const BenchArgs& a) {
 
   std::string ref_name;
   double ref = 0;
-  if (served == "tcp") {
+  if (a.gpu_src >= 0 || a.gpu_dst >= 0) {
+    ref_name = "cudaMemcpyAsync";
+    auto r = gpu::CopyBandwidth(a.gpu_src, a.gpu_dst, a.block_size, std::min(a.duration, 2.0));
+    ref = r.ok() ? r.value() : 0;
+  } else if (served == "tcp") {
     ref_name = "tcp_stream";
     uint64_t peer_host_end = a.peer.rfind(':');
     ref = ReferenceTcp(a.peer.substr(0, peer_host_end), a.ref_port, op == Op::kWrite, total,
@@ -272,6 +299,8 @@ int RunInitiator(const BenchArgs& a) {
                         {"block_size", a.block_size},
                         {"batch_size", a.batch_size},
                         {"threads", a.threads},
+                        {"gpu_src", a.gpu_src},
+                        {"gpu_dst", a.gpu_dst},
                         {"duration_s", secs},
                         {"bytes", total},
                         {"gbps", gbps},
@@ -288,13 +317,16 @@ int RunInitiator(const BenchArgs& a) {
 }
 
 std::vector<std::string> CommonArgs(const BenchArgs& a) {
-  return {"--transport",  a.transport,
-          "--op",         a.op,
-          "--block-size", std::to_string(a.block_size),
-          "--batch-size", std::to_string(a.batch_size),
-          "--threads",    std::to_string(a.threads),
-          "--duration",   std::to_string(a.duration),
-          "--host",       a.host};
+  std::vector<std::string> args = {"--transport",  a.transport,
+                                   "--op",         a.op,
+                                   "--block-size", std::to_string(a.block_size),
+                                   "--batch-size", std::to_string(a.batch_size),
+                                   "--threads",    std::to_string(a.threads),
+                                   "--duration",   std::to_string(a.duration),
+                                   "--host",       a.host};
+  if (a.gpu_src >= 0) args.insert(args.end(), {"--gpu-src", std::to_string(a.gpu_src)});
+  if (a.gpu_dst >= 0) args.insert(args.end(), {"--gpu-dst", std::to_string(a.gpu_dst)});
+  return args;
 }
 
 int RunBoth(const BenchArgs& a) {

@@ -25,6 +25,8 @@ struct BenchArgs {
   uint64_t block_size = 1 << 20;
   int batch_size = 16;
   int threads = 1;
+  int gpu_src = -1;  // the source buffer lives on this GPU
+  int gpu_dst = -1;  // the destination buffer lives on this GPU
   double duration = 3.0;
   bool json = false;
   std::string host = "127.0.0.1";

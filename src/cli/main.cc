@@ -95,6 +95,10 @@ int main(int argc, char** argv) {
   bt->add_option("--threads", b.threads, "Submitting threads")->check(CLI::Range(1, 64));
   bt->add_option("--duration", b.duration, "Seconds of engine traffic")
       ->check(CLI::Range(0.1, 3600.0));
+  bt->add_option("--gpu-src", b.gpu_src, "Put the source buffer on this GPU")
+      ->check(CLI::Range(0, 63));
+  bt->add_option("--gpu-dst", b.gpu_dst, "Put the destination buffer on this GPU")
+      ->check(CLI::Range(0, 63));
   bt->add_flag("--json", b.json, "End with one JSON line");
   bt->add_option("--host", b.host, "target: address to listen on");
   bt->add_option("--port", b.port, "target: port (0 picks one)");

@@ -4,6 +4,8 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 
@@ -125,6 +127,51 @@ Result<void*> AllocDevice(size_t length, int device) {
 }
 
 void FreeDevice(void* p) { cudaFree(p); }
+
+Result<double> CopyBandwidth(int src_device, int dst_device, size_t block, double seconds) {
+  if (DeviceCount() == 0) return Status(StatusCode::kNotSupported, Describe());
+  auto alloc = [&](int device, void** p) {
+    if (device < 0) return cudaMallocHost(p, block);
+    cudaSetDevice(device);
+    return cudaMalloc(p, block);
+  };
+  void *src = nullptr, *dst = nullptr;
+  cudaStream_t s = nullptr;
+  cudaError_t err = alloc(src_device, &src);
+  if (err == cudaSuccess) err = alloc(dst_device, &dst);
+  cudaSetDevice(src_device >= 0 ? src_device : std::max(dst_device, 0));
+  if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  double gbps = 0;
+  if (err == cudaSuccess) {
+    err = cudaMemcpyAsync(dst, src, block, cudaMemcpyDefault, s);  // warm-up
+    if (err == cudaSuccess) err = cudaStreamSynchronize(s);
+    uint64_t bytes = 0;
+    auto t0 = std::chrono::steady_clock::now();
+    double elapsed = 0;
+    while (err == cudaSuccess && elapsed < seconds) {
+      for (int i = 0; i < 8 && err == cudaSuccess; ++i) {
+        err = cudaMemcpyAsync(dst, src, block, cudaMemcpyDefault, s);
+        bytes += block;
+      }
+      if (err == cudaSuccess) err = cudaStreamSynchronize(s);
+      elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    gbps = static_cast<double>(bytes) / elapsed / 1e9;
+  }
+  if (s != nullptr) cudaStreamDestroy(s);
+  for (auto [p, device] : {std::pair{src, src_device}, std::pair{dst, dst_device}}) {
+    if (p == nullptr) continue;
+    if (device < 0) {
+      cudaFreeHost(p);
+    } else {
+      cudaFree(p);
+    }
+  }
+  if (err != cudaSuccess) {
+    return Status(StatusCode::kInternal, std::string("reference copy: ") + cudaGetErrorString(err));
+  }
+  return gbps;
+}
 
 MemoryInfo Classify(const void* ptr) {
   MemoryInfo info;

@@ -49,6 +49,11 @@ std::string ExportIpc(const MemoryInfo& info);
 Result<void*> OpenIpc(const std::string& handle, int device);
 void CloseIpc(void* base, int device);
 
+// The physical reference of GPU benchmarks: GB/s of back-to-back
+// cudaMemcpyAsync of `block` bytes on a private non-blocking stream, between
+// buffers on `src_device` and `dst_device` (-1: page-locked host memory).
+Result<double> CopyBandwidth(int src_device, int dst_device, size_t block, double seconds);
+
 // Device memory for tools and tests (`ferry serve --gpu-alloc`).
 Result<void*> AllocDevice(size_t length, int device);
 void FreeDevice(void* p);

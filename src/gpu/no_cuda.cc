@@ -17,6 +17,9 @@ Result<void*> AllocDevice(size_t, int) {
   return Status(StatusCode::kNotSupported, "built without CUDA");
 }
 void FreeDevice(void*) {}
+Result<double> CopyBandwidth(int, int, size_t, double) {
+  return Status(StatusCode::kNotSupported, "built without CUDA");
+}
 
 }  // namespace ferry::gpu
 
