@@ -171,6 +171,17 @@ class Engine {
   // is an event recorded on `options.stream`, waited on by the engine's streams.
   Result<std::unique_ptr<Batch>> Submit(std::span<const Request> requests,
                                         const SubmitOptions& options);
+  // Stream-ordered transfer (DESIGN.md R5): returns at once. The copies start
+  // after all work enqueued on `stream` (a cudaStream_t; null is the legacy
+  // default stream) before the call, and work enqueued on it afterwards sees
+  // the data; synchronizing the stream implies completion. Errors also reach
+  // the returned Batch. Every copy is enqueued on `stream` itself, so it works
+  // with every kind of stream and under lazy module loading. For now it serves
+  // GPU memory on the same host (local and cuda_ipc paths); anything else, or
+  // a stream being captured into a graph, fails with NotSupported before
+  // anything is enqueued.
+  Result<std::unique_ptr<Batch>> SubmitOnStream(std::span<const Request> requests, void* stream);
+
   // Submits one request and waits for it.
   Status Transfer(const Request& request, std::chrono::milliseconds timeout = {});
 

@@ -33,6 +33,15 @@ class Copier {
   virtual void CopyAsync(void* dst, const void* src, size_t length, int device,
                          std::shared_ptr<ReadyEvent> ready,
                          std::function<void(const Status&)> done) = 0;
+
+  // Stream-ordered path (R5). OK when copies may be enqueued on `stream`;
+  // NotSupported while it is being captured into a graph.
+  virtual Status CheckStream(void* stream) = 0;
+  // Enqueues dst <- src on the caller's `stream` itself; never waits.
+  virtual Status EnqueueOnStream(void* stream, void* dst, const void* src, size_t length) = 0;
+  // Runs `done` on the completion thread once the work enqueued on `stream`
+  // so far has finished.
+  virtual void NotifyOnStream(void* stream, std::function<void(const Status&)> done) = 0;
 };
 
 }  // namespace ferry::gpu

@@ -96,7 +96,9 @@ class CudaCopier : public Copier {
   Result<std::shared_ptr<ReadyEvent>> RecordReady(void* stream) override {
     auto s = static_cast<cudaStream_t>(stream);
     int device = 0;
-    cudaError_t err = s == nullptr ? cudaGetDevice(&device) : cudaStreamGetDevice(s, &device);
+    cudaError_t err = s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread
+                          ? cudaGetDevice(&device)
+                          : cudaStreamGetDevice(s, &device);
     if (err != cudaSuccess) return CudaError(err, "finding the submission stream's device");
     FERRY_ASSIGN_OR_RETURN(cudaEvent_t e, TakeEvent(device));
     auto ready = std::make_shared<ReadyEvent>(e, device, pools_[static_cast<size_t>(device)].get());
@@ -125,6 +127,41 @@ class CudaCopier : public Copier {
     {
       std::lock_guard lk(mu_);
       pending_.push_back({finished.value(), device, std::move(ready), std::move(done)});
+    }
+    cv_.notify_one();
+  }
+
+  Status CheckStream(void* stream) override {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    cudaError_t err = cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture);
+    if (err != cudaSuccess) return CudaError(err, "checking the submission stream");
+    if (capture != cudaStreamCaptureStatusNone) {
+      return Status(StatusCode::kNotSupported,
+                    "stream-ordered transfers cannot be captured into a CUDA graph yet");
+    }
+    return Status::Ok();
+  }
+
+  Status EnqueueOnStream(void* stream, void* dst, const void* src, size_t length) override {
+    cudaError_t err =
+        cudaMemcpyAsync(dst, src, length, cudaMemcpyDefault, static_cast<cudaStream_t>(stream));
+    return err == cudaSuccess ? Status::Ok() : CudaError(err, "enqueueing on the caller's stream");
+  }
+
+  void NotifyOnStream(void* stream, std::function<void(const Status&)> done) override {
+    auto s = static_cast<cudaStream_t>(stream);
+    int device = 0;
+    cudaError_t err = s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread
+                          ? cudaGetDevice(&device)
+                          : cudaStreamGetDevice(s, &device);
+    if (err != cudaSuccess) return done(CudaError(err, "finding the stream's device"));
+    auto e = TakeEvent(device);
+    if (!e.ok()) return done(e.status());
+    err = cudaEventRecord(e.value(), s);
+    if (err != cudaSuccess) return done(CudaError(err, "recording completion on the stream"));
+    {
+      std::lock_guard lk(mu_);
+      pending_.push_back({e.value(), device, nullptr, std::move(done)});
     }
     cv_.notify_one();
   }

@@ -400,10 +400,10 @@ class Engine::Impl {
     if (!r.ok()) FERRY_LOG_DEBUG("no GPU path to {}: {}", seg->name(), r.status().ToString());
   }
 
-  Result<std::unique_ptr<Batch>> Submit(std::span<const Request> reqs, const SubmitOptions& opts) {
+  // The whole-batch checks shared by both submit paths; fills `segs`.
+  Status Validate(std::span<const Request> reqs,
+                  std::unordered_map<SegmentId, std::shared_ptr<Segment>>* segs) {
     if (reqs.empty()) return Status(StatusCode::kInvalidArgument, "empty batch");
-    Millis timeout = opts.timeout.count() > 0 ? opts.timeout : options_.request_timeout;
-    std::unordered_map<SegmentId, std::shared_ptr<Segment>> segs;
     for (size_t i = 0; i < reqs.size(); ++i) {
       const Request& r = reqs[i];
       auto bad = [i](StatusCode code, const std::string& why) {
@@ -414,14 +414,80 @@ class Engine::Impl {
       if (r.op != Op::kRead && r.op != Op::kWrite) {
         return bad(StatusCode::kInvalidArgument, "unknown op");
       }
-      if (!segs.count(r.segment)) {
+      if (!segs->count(r.segment)) {
         auto seg = FindSegment(r.segment);
         if (!seg) {
           return bad(StatusCode::kNotFound, "unknown segment " + std::to_string(r.segment));
         }
-        segs.emplace(r.segment, std::move(seg));
+        segs->emplace(r.segment, std::move(seg));
       }
     }
+    return Status::Ok();
+  }
+
+  // R5: every copy goes on the caller's stream itself, through mappings made
+  // at segment open, so nothing waits on the GPU for CPU progress and nothing
+  // depends on a kernel launch. All requests are resolved before any is
+  // enqueued (R7).
+  Result<std::unique_ptr<Batch>> SubmitOnStream(std::span<const Request> reqs, void* stream) {
+    if (!copier_) {
+      return Status(StatusCode::kNotSupported,
+                    "stream-ordered transfers need a GPU (" + gpu::Describe() + ")");
+    }
+    std::unordered_map<SegmentId, std::shared_ptr<Segment>> segs;
+    FERRY_RETURN_IF_ERROR(Validate(reqs, &segs));
+    FERRY_RETURN_IF_ERROR(copier_->CheckStream(stream));
+    for (auto& [id, seg] : segs) {
+      if (seg->TakeStale()) FERRY_RETURN_IF_ERROR(Refresh(*seg));
+    }
+    struct Copy {
+      void* dst;
+      const void* src;
+      size_t length;
+      TransportKind via;
+    };
+    std::vector<Copy> copies;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const Request& r = reqs[i];
+      auto bad = [i](const Status& st) {
+        return Status(st.code(), "request " + std::to_string(i) + ": " + st.message());
+      };
+      const std::shared_ptr<Segment>& seg = segs[r.segment];
+      if (GpuDevice(r, *seg) < 0) {
+        return bad(Status(StatusCode::kNotSupported,
+                          "stream-ordered transfers between host buffers are not supported yet"));
+      }
+      auto route = Route(seg, true);
+      if (!route.ok()) return bad(route.status());
+      auto remote = route.value().second->MapForStream(r.remote, r.length);
+      if (!remote.ok()) return bad(remote.status());
+      const bool write = r.op == Op::kWrite;
+      copies.push_back({write ? remote.value() : r.local, write ? r.local : remote.value(),
+                        r.length, route.value().first->caps().kind});
+    }
+    auto state = std::make_shared<BatchState>(reqs.size());
+    state->NoteDeadline(Deadline::After(options_.request_timeout));
+    for (size_t i = 0; i < copies.size(); ++i) state->Plan(i, 1, copies[i].via);
+    size_t enqueued = 0;
+    Status failed;
+    for (const Copy& c : copies) {
+      failed = copier_->EnqueueOnStream(stream, c.dst, c.src, c.length);
+      if (!failed.ok()) break;
+      ++enqueued;
+    }
+    for (size_t i = enqueued; i < copies.size(); ++i) state->TaskDone(i, failed);
+    if (enqueued > 0) {
+      copier_->NotifyOnStream(stream, [state, enqueued](const Status& st) {
+        for (size_t i = 0; i < enqueued; ++i) state->TaskDone(i, st);
+      });
+    }
+    return std::make_unique<Batch>(std::move(state));
+  }
+
+  Result<std::unique_ptr<Batch>> Submit(std::span<const Request> reqs, const SubmitOptions& opts) {
+    Millis timeout = opts.timeout.count() > 0 ? opts.timeout : options_.request_timeout;
+    std::unordered_map<SegmentId, std::shared_ptr<Segment>> segs;
+    FERRY_RETURN_IF_ERROR(Validate(reqs, &segs));
     auto state = std::make_shared<BatchState>(reqs.size());
     std::unordered_map<SegmentId, Status> stale_errors;
     Deadline deadline = Deadline::After(timeout);
@@ -594,6 +660,11 @@ Result<std::unique_ptr<Batch>> Engine::Submit(std::span<const Request> requests,
 Result<std::unique_ptr<Batch>> Engine::Submit(std::span<const Request> requests,
                                               const SubmitOptions& options) {
   return impl_->Submit(requests, options);
+}
+
+Result<std::unique_ptr<Batch>> Engine::SubmitOnStream(std::span<const Request> requests,
+                                                      void* stream) {
+  return impl_->SubmitOnStream(requests, stream);
 }
 
 Status Engine::Transfer(const Request& request, std::chrono::milliseconds timeout) {

@@ -52,6 +52,13 @@ class Endpoint {
   virtual void Post(std::vector<Task> tasks) = 0;
   // Fails every task still held, promptly; later posts fail at once.
   virtual void Close() = 0;
+  // Stream-ordered path: the remote range as this process's GPU copies can
+  // address it. Optional; NotSupported by default.
+  virtual Result<void*> MapForStream(uint64_t remote, uint64_t length) {
+    (void)remote;
+    (void)length;
+    return Status(StatusCode::kNotSupported, "this transport has no stream-ordered path");
+  }
 };
 
 class Transport {

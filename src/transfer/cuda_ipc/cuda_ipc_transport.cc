@@ -79,6 +79,19 @@ class CudaIpcEndpoint : public Endpoint, public std::enable_shared_from_this<Cud
 
   void Close() override { closed_.store(true, std::memory_order_release); }
 
+  Result<void*> MapForStream(uint64_t remote, uint64_t length) override {
+    if (closed_.load(std::memory_order_acquire)) {
+      return Status(StatusCode::kCancelled, "segment closed");
+    }
+    uint64_t region = 0;
+    const Mapping* m = Lookup(remote, length, &region);
+    if (m == nullptr) {
+      return Status(StatusCode::kOutOfRange,
+                    fmt::format("0x{:x}+{} is not GPU-reachable at {}", remote, length, name_));
+    }
+    return static_cast<void*>(m->base + (remote - region));
+  }
+
  private:
   struct Mapping {
     char* base = nullptr;      // the region's first byte, as mapped here
@@ -88,6 +101,15 @@ class CudaIpcEndpoint : public Endpoint, public std::enable_shared_from_this<Cud
     bool pinned = false;
   };
 
+  const Mapping* Lookup(uint64_t remote, uint64_t length, uint64_t* region) const {
+    auto it = maps_.upper_bound(remote);
+    if (it == maps_.begin()) return nullptr;
+    --it;
+    if (remote + length > it->first + it->second.length) return nullptr;
+    *region = it->first;
+    return &it->second;
+  }
+
   void Run(const Task& t) {
     Status st = CheckRunnable(t, closed_.load(std::memory_order_acquire));
     if (st.ok() && kill(static_cast<pid_t>(pid_), 0) != 0 && errno == ESRCH) {
@@ -96,14 +118,7 @@ class CudaIpcEndpoint : public Endpoint, public std::enable_shared_from_this<Cud
     const Mapping* m = nullptr;
     uint64_t region = 0;
     if (st.ok()) {
-      auto it = maps_.upper_bound(t.remote);
-      if (it != maps_.begin()) {
-        --it;
-        if (t.remote + t.length <= it->first + it->second.length) {
-          m = &it->second;
-          region = it->first;
-        }
-      }
+      m = Lookup(t.remote, t.length, &region);
       if (m == nullptr) {
         st = Status(StatusCode::kOutOfRange,
                     fmt::format("0x{:x}+{} is not GPU-reachable at {}", t.remote, t.length, name_));

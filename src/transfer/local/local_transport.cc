@@ -25,6 +25,14 @@ class LocalEndpoint : public Endpoint, public std::enable_shared_from_this<Local
 
   void Close() override { closed_.store(true, std::memory_order_release); }
 
+  Result<void*> MapForStream(uint64_t remote, uint64_t length) override {
+    if (!registry_.Find(remote, length)) {
+      return Status(StatusCode::kOutOfRange,
+                    fmt::format("0x{:x}+{} is not registered locally", remote, length));
+    }
+    return reinterpret_cast<void*>(remote);
+  }
+
  private:
   void Run(const Task& t) const {
     Status st = CheckRunnable(t, closed_.load(std::memory_order_acquire));
