@@ -27,6 +27,14 @@ struct DevicePool {
 };
 
 constexpr int kStreamsPerDevice = 4;
+
+// The special handles (legacy, per-thread) belong to the current device.
+cudaError_t StreamDevice(cudaStream_t s, int* device) {
+  if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) {
+    return cudaGetDevice(device);
+  }
+  return cudaStreamGetDevice(s, device);
+}
 constexpr int kEventsPerDevice = 256;
 
 }  // namespace
@@ -96,9 +104,7 @@ class CudaCopier : public Copier {
   Result<std::shared_ptr<ReadyEvent>> RecordReady(void* stream) override {
     auto s = static_cast<cudaStream_t>(stream);
     int device = 0;
-    cudaError_t err = s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread
-                          ? cudaGetDevice(&device)
-                          : cudaStreamGetDevice(s, &device);
+    cudaError_t err = StreamDevice(s, &device);
     if (err != cudaSuccess) return CudaError(err, "finding the submission stream's device");
     FERRY_ASSIGN_OR_RETURN(cudaEvent_t e, TakeEvent(device));
     auto ready = std::make_shared<ReadyEvent>(e, device, pools_[static_cast<size_t>(device)].get());
@@ -151,9 +157,7 @@ class CudaCopier : public Copier {
   void NotifyOnStream(void* stream, std::function<void(const Status&)> done) override {
     auto s = static_cast<cudaStream_t>(stream);
     int device = 0;
-    cudaError_t err = s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread
-                          ? cudaGetDevice(&device)
-                          : cudaStreamGetDevice(s, &device);
+    cudaError_t err = StreamDevice(s, &device);
     if (err != cudaSuccess) return done(CudaError(err, "finding the stream's device"));
     auto e = TakeEvent(device);
     if (!e.ok()) return done(e.status());

@@ -83,6 +83,10 @@ std::vector<TransportRegistration> RegisteredTransports();
 
 }  // namespace ferry
 
-#define FERRY_REGISTER_TRANSPORT(name, factory)                          \
-  [[maybe_unused]] static const bool ferry_transport_registered_##name = \
-      ::ferry::RegisterTransport(#name, factory)
+// Registers `Class`, constructed from an EngineContext&, under `name`.
+#define FERRY_REGISTER_TRANSPORT(name, Class)                                             \
+  [[maybe_unused]] static const bool ferry_transport_registered_##name =                  \
+      ::ferry::RegisterTransport(                                                         \
+          #name, [](::ferry::EngineContext& ctx) -> std::unique_ptr<::ferry::Transport> { \
+            return std::make_unique<Class>(ctx);                                          \
+          })

@@ -172,12 +172,8 @@ class CudaIpcTransport : public Transport {
   TransportCaps caps_;
 };
 
-std::unique_ptr<Transport> MakeCudaIpc(EngineContext& ctx) {
-  return std::make_unique<CudaIpcTransport>(ctx);
-}
-
 }  // namespace
 
-FERRY_REGISTER_TRANSPORT(cuda_ipc, MakeCudaIpc);
+FERRY_REGISTER_TRANSPORT(cuda_ipc, CudaIpcTransport);
 
 }  // namespace ferry

@@ -83,12 +83,8 @@ class LocalTransport : public Transport {
   TransportCaps caps_;
 };
 
-std::unique_ptr<Transport> MakeLocal(EngineContext& ctx) {
-  return std::make_unique<LocalTransport>(ctx);
-}
-
 }  // namespace
 
-FERRY_REGISTER_TRANSPORT(local, MakeLocal);
+FERRY_REGISTER_TRANSPORT(local, LocalTransport);
 
 }  // namespace ferry

@@ -163,12 +163,8 @@ class ShmTransport : public Transport {
   TransportCaps caps_;
 };
 
-std::unique_ptr<Transport> MakeShm(EngineContext& ctx) {
-  return std::make_unique<ShmTransport>(ctx);
-}
-
 }  // namespace
 
-FERRY_REGISTER_TRANSPORT(shm, MakeShm);
+FERRY_REGISTER_TRANSPORT(shm, ShmTransport);
 
 }  // namespace ferry

@@ -77,12 +77,8 @@ class TcpTransport : public Transport {
   TransportCaps caps_;
 };
 
-std::unique_ptr<Transport> MakeTcp(EngineContext& ctx) {
-  return std::make_unique<TcpTransport>(ctx);
-}
-
 }  // namespace
 
-FERRY_REGISTER_TRANSPORT(tcp, MakeTcp);
+FERRY_REGISTER_TRANSPORT(tcp, TcpTransport);
 
 }  // namespace ferry
