@@ -14,7 +14,8 @@ struct ServeArgs {
   std::string transport;
   uint64_t alloc_bytes = 64 << 20;  // engine-allocated (memfd) memory
   uint64_t heap_bytes = 0;          // plain heap memory, registered
-  uint64_t gpu_bytes = 0;           // GPU memory on device 0, registered
+  uint64_t gpu_bytes = 0;           // GPU memory on gpu_device, registered
+  int gpu_device = 0;
 };
 int Serve(const ServeArgs& args);
 

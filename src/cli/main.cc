@@ -78,7 +78,9 @@ int main(int argc, char** argv) {
   s->add_option("--transport", serve.transport, "Force tcp or shm");
   s->add_option("--alloc", serve_alloc, "Engine-allocated (memfd) bytes to expose");
   s->add_option("--heap", serve_heap, "Heap bytes to register and expose");
-  s->add_option("--gpu-alloc", serve_gpu, "GPU bytes (device 0) to register and expose");
+  s->add_option("--gpu-alloc", serve_gpu, "GPU bytes to register and expose");
+  s->add_option("--gpu-device", serve.gpu_device, "The GPU of --gpu-alloc")
+      ->check(CLI::Range(0, 63));
 
   auto* bench = app.add_subcommand("bench", "Benchmarks");
   bench->require_subcommand(1);

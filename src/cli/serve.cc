@@ -43,14 +43,16 @@ int Serve(const ServeArgs& args) {
   }
   void* gpu_mem = nullptr;
   if (args.gpu_bytes > 0) {
-    auto g = gpu::AllocDevice(args.gpu_bytes, 0);
+    auto g = gpu::AllocDevice(args.gpu_bytes, args.gpu_device);
     Status st = g.ok() ? e.RegisterMemory(g.value(), args.gpu_bytes) : g.status();
     if (!st.ok()) {
       std::fprintf(stderr, "ferry serve: --gpu-alloc: %s\n", st.ToString().c_str());
       return 1;
     }
     gpu_mem = g.value();
-    out["gpu"] = {{"addr", reinterpret_cast<uint64_t>(gpu_mem)}, {"length", args.gpu_bytes}};
+    out["gpu"] = {{"addr", reinterpret_cast<uint64_t>(gpu_mem)},
+                  {"length", args.gpu_bytes},
+                  {"device", args.gpu_device}};
   }
   std::printf("%s\n", out.dump().c_str());
   std::fflush(stdout);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gpu/copier.h"
+#include "gpu/cuda_util.h"
 #include "gpu/gpu.h"
 
 namespace ferry::gpu {
@@ -60,12 +61,11 @@ class CudaCopier : public Copier {
   Status Init() {
     int n = DeviceCount();
     if (n == 0) return Status(StatusCode::kNotSupported, Describe());
-    int prev = 0;
-    cudaGetDevice(&prev);
     pools_.reserve(static_cast<size_t>(n));
     for (int d = 0; d < n; ++d) {
       auto pool = std::make_unique<DevicePool>();
-      cudaError_t err = cudaSetDevice(d);
+      DeviceGuard guard(d);
+      cudaError_t err = cudaSuccess;
       for (int i = 0; err == cudaSuccess && i < kStreamsPerDevice; ++i) {
         cudaStream_t s;
         err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
@@ -77,12 +77,12 @@ class CudaCopier : public Copier {
         if (err == cudaSuccess) pool->free_events.push_back(e);
       }
       pools_.push_back(std::move(pool));
-      if (err != cudaSuccess) {
-        cudaSetDevice(prev);
-        return CudaError(err, "creating the GPU stream and event pools");
-      }
+      if (err != cudaSuccess) return CudaError(err, "creating the GPU stream and event pools");
     }
-    cudaSetDevice(prev);
+    // Copies between GPUs (cuda_ipc to a peer's other GPU) go device to device.
+    for (int a = 0; a < n; ++a) {
+      for (int b = 0; b < n; ++b) EnablePeerAccess(a, b);
+    }
     poller_ = std::thread([this] { Poll(); });
     return Status::Ok();
   }
@@ -95,7 +95,7 @@ class CudaCopier : public Copier {
     cv_.notify_all();
     if (poller_.joinable()) poller_.join();
     for (size_t d = 0; d < pools_.size(); ++d) {
-      cudaSetDevice(static_cast<int>(d));
+      DeviceGuard guard(static_cast<int>(d));
       for (auto s : pools_[d]->streams) cudaStreamDestroy(s);
       for (auto e : pools_[d]->free_events) cudaEventDestroy(e);
     }
@@ -190,7 +190,7 @@ class CudaCopier : public Copier {
     }
     // Pool exhausted under a burst: grow it. Event creation does not
     // synchronize the device.
-    cudaSetDevice(device);
+    DeviceGuard guard(device);
     cudaEvent_t e;
     cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
     if (err != cudaSuccess) return CudaError(err, "growing the event pool");

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "gpu/cuda_util.h"
 #include "gpu/gpu.h"
 
 namespace ferry::gpu {
@@ -90,12 +91,9 @@ Result<void*> OpenIpc(const std::string& handle, int device) {
   cudaIpcMemHandle_t h;
   if (handle.size() != sizeof(h)) return Status(StatusCode::kInvalidArgument, "bad IPC handle");
   std::memcpy(&h, handle.data(), sizeof(h));
-  int prev = 0;
-  cudaGetDevice(&prev);
-  cudaSetDevice(device);
+  DeviceGuard guard(device);
   void* p = nullptr;
   cudaError_t err = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
-  cudaSetDevice(prev);
   if (err != cudaSuccess) {
     cudaGetLastError();
     return Status(StatusCode::kUnavailable,
@@ -105,16 +103,13 @@ Result<void*> OpenIpc(const std::string& handle, int device) {
 }
 
 void CloseIpc(void* base, int device) {
-  int prev = 0;
-  cudaGetDevice(&prev);
-  cudaSetDevice(device);
+  DeviceGuard guard(device);
   if (cudaIpcCloseMemHandle(base) != cudaSuccess) cudaGetLastError();
-  cudaSetDevice(prev);
 }
 
 Result<void*> AllocDevice(size_t length, int device) {
   if (DeviceCount() == 0) return Status(StatusCode::kNotSupported, Describe());
-  cudaSetDevice(device);
+  DeviceGuard guard(device);
   void* p = nullptr;
   cudaError_t err = cudaMalloc(&p, length);
   if (err != cudaSuccess) {
@@ -130,16 +125,17 @@ void FreeDevice(void* p) { cudaFree(p); }
 
 Result<double> CopyBandwidth(int src_device, int dst_device, size_t block, double seconds) {
   if (DeviceCount() == 0) return Status(StatusCode::kNotSupported, Describe());
+  DeviceGuard guard(src_device >= 0 ? src_device : std::max(dst_device, 0));
   auto alloc = [&](int device, void** p) {
     if (device < 0) return cudaMallocHost(p, block);
-    cudaSetDevice(device);
+    DeviceGuard on(device);
     return cudaMalloc(p, block);
   };
+  if (src_device >= 0 && dst_device >= 0) EnablePeerAccess(src_device, dst_device);
   void *src = nullptr, *dst = nullptr;
   cudaStream_t s = nullptr;
   cudaError_t err = alloc(src_device, &src);
   if (err == cudaSuccess) err = alloc(dst_device, &dst);
-  cudaSetDevice(src_device >= 0 ? src_device : std::max(dst_device, 0));
   if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
   double gbps = 0;
   if (err == cudaSuccess) {

@@ -34,6 +34,7 @@ TEST(Gpu, ProbeNeverFailsAndHostMemoryIsPageable) {
 #ifdef FERRY_HAVE_CUDA
 TEST(Gpu, ClassifiesDevicePinnedAndPageableMemory) {
   SKIP_WITHOUT_GPU();
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
   void* dev = nullptr;
   ASSERT_EQ(cudaMalloc(&dev, 3 << 20), cudaSuccess);
   gpu::MemoryInfo d = gpu::Classify(static_cast<char*>(dev) + 4096);
@@ -48,6 +49,35 @@ TEST(Gpu, ClassifiesDevicePinnedAndPageableMemory) {
   EXPECT_EQ(gpu::Classify(pageable.data()).kind, gpu::MemoryKind::kHostPageable);
   cudaFreeHost(pinned);
   cudaFree(dev);
+}
+
+TEST(Gpu, EngineLeavesTheCallersCurrentDeviceAlone) {
+  // Regression: the engine's teardown left the last GPU current on the
+  // caller's thread. Only two GPUs can tell the devices apart.
+  if (gpu::DeviceCount() < 2) GTEST_SKIP() << "needs two GPUs; " << gpu::Describe();
+  // The old teardown walked every GPU and stayed on the last one.
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  {
+    auto e = Engine::Create({});
+    ASSERT_TRUE(e.ok());
+    void* dev = nullptr;
+    ASSERT_EQ(cudaMalloc(&dev, 1 << 20), cudaSuccess);
+    auto mem = e.value()->AllocateMemory(1 << 20);
+    ASSERT_TRUE(mem.ok());
+    auto seg = e.value()->OpenSegment(e.value()->name());
+    ASSERT_TRUE(seg.ok());
+    auto b =
+        e.value()->Submit(std::vector<Request>{{Op::kWrite, dev, seg.value(),
+                                                reinterpret_cast<uint64_t>(mem.value()), 1 << 20}},
+                          SubmitOptions{});
+    ASSERT_TRUE(b.ok());
+    EXPECT_TRUE(b.value()->Wait(std::chrono::seconds(10)).ok());
+    b.value().reset();
+    cudaFree(dev);
+  }
+  int now = -1;
+  cudaGetDevice(&now);
+  EXPECT_EQ(now, 0);
 }
 
 // A device buffer as the producer; the target is the engine's own segment
@@ -303,6 +333,53 @@ TEST_P(GpuTransfer, GpuMemoryOverTcpIsRefusedClearly) {
     Status st = b.value()->Wait(std::chrono::seconds(5));
     EXPECT_EQ(st.code(), StatusCode::kNotSupported) << st.ToString();
   }
+}
+
+// Two GPUs: this process's buffer on GPU 0, the peer's on GPU 1 (NVLink).
+TEST(CudaIpcCrossGpu, ReadinessAndRoundTripBetweenTwoGpus) {
+  if (gpu::DeviceCount() < 2) {
+    GTEST_SKIP() << "needs two GPUs; " << gpu::Describe();
+  }
+  constexpr size_t kBytes = 4 << 20;
+  auto peer = test::StartPeer(1 << 20, 0, 0, kBytes, 1);
+  ASSERT_TRUE(peer.ok()) << peer.status().ToString();
+  auto e = Engine::Create({});
+  ASSERT_TRUE(e.ok());
+  auto seg = e.value()->OpenSegment(peer.value().segment);
+  ASSERT_TRUE(seg.ok());
+  cudaSetDevice(0);
+  void *src = nullptr, *back = nullptr;
+  ASSERT_EQ(cudaMalloc(&src, kBytes), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&back, kBytes), cudaSuccess);
+  std::vector<unsigned char> check(kBytes);
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  int correct = 0, pending = 0;
+  for (int r = 0; r < 100; ++r) {
+    const unsigned char v = static_cast<unsigned char>(r + 1);
+    test::LaunchSpinThenFill(src, kBytes, v, 1'000'000, s);
+    SubmitOptions o;
+    o.stream = s;
+    auto w = e.value()->Submit(
+        std::vector<Request>{{Op::kWrite, src, seg.value(), peer.value().gpu_addr, kBytes}}, o);
+    pending += cudaStreamQuery(s) == cudaErrorNotReady ? 1 : 0;
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE(w.value()->Wait(std::chrono::seconds(10)).ok());
+    EXPECT_EQ(w.value()->Result(0).transport, TransportKind::kCudaIpc);
+    auto rd = e.value()->Submit(
+        std::vector<Request>{{Op::kRead, back, seg.value(), peer.value().gpu_addr, kBytes}}, o);
+    ASSERT_TRUE(rd.ok());
+    ASSERT_TRUE(rd.value()->Wait(std::chrono::seconds(10)).ok());
+    cudaMemcpy(check.data(), back, kBytes, cudaMemcpyDeviceToHost);
+    bool ok = true;
+    for (size_t i = 0; i < kBytes && ok; ++i) ok = check[i] == v;
+    correct += ok ? 1 : 0;
+  }
+  EXPECT_EQ(correct, 100);
+  EXPECT_EQ(pending, 100) << "the producer must still run when submit returns";
+  cudaStreamDestroy(s);
+  cudaFree(src);
+  cudaFree(back);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, GpuTransfer, ::testing::Values("local", "cuda_ipc"),

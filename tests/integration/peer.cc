@@ -17,12 +17,13 @@ static std::string FerryBin() {
   return env != nullptr && *env != '\0' ? env : FERRY_BIN;
 }
 
-Result<Peer> StartPeer(uint64_t alloc_bytes, uint64_t heap_bytes, uint16_t port,
-                       uint64_t gpu_bytes) {
-  auto proc = Subprocess::Spawn({FerryBin(), "serve", "--alloc", std::to_string(alloc_bytes),
-                                 "--heap", std::to_string(heap_bytes), "--port",
-                                 std::to_string(port), "--gpu-alloc", std::to_string(gpu_bytes)},
-                                true);
+Result<Peer> StartPeer(uint64_t alloc_bytes, uint64_t heap_bytes, uint16_t port, uint64_t gpu_bytes,
+                       int gpu_device) {
+  auto proc =
+      Subprocess::Spawn({FerryBin(), "serve", "--alloc", std::to_string(alloc_bytes), "--heap",
+                         std::to_string(heap_bytes), "--port", std::to_string(port), "--gpu-alloc",
+                         std::to_string(gpu_bytes), "--gpu-device", std::to_string(gpu_device)},
+                        true);
   if (!proc.ok()) return proc.status();
   auto line = proc.value()->ReadLine(std::chrono::seconds(20));
   if (!line.ok()) return line.status();

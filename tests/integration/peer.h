@@ -21,7 +21,7 @@ struct Peer {
 
 // Starts a peer; `port` 0 picks one. Extra args go to `ferry serve`.
 Result<Peer> StartPeer(uint64_t alloc_bytes, uint64_t heap_bytes, uint16_t port = 0,
-                       uint64_t gpu_bytes = 0);
+                       uint64_t gpu_bytes = 0, int gpu_device = 0);
 
 // Deterministic pseudo-random bytes.
 void FillRandom(void* p, size_t n, uint64_t seed);
