@@ -123,6 +123,18 @@ Result<void*> AllocDevice(size_t length, int device) {
 
 void FreeDevice(void* p) { cudaFree(p); }
 
+Result<void*> AllocPinned(size_t length) {
+  void* p = nullptr;
+  cudaError_t err = cudaMallocHost(&p, length);
+  if (err != cudaSuccess) {
+    return Status(StatusCode::kResourceExhausted,
+                  std::string("cudaMallocHost: ") + cudaGetErrorString(err));
+  }
+  return p;
+}
+
+void FreePinned(void* p) { cudaFreeHost(p); }
+
 Result<double> CopyBandwidth(int src_device, int dst_device, size_t block, double seconds) {
   if (DeviceCount() == 0) return Status(StatusCode::kNotSupported, Describe());
   DeviceGuard guard(src_device >= 0 ? src_device : std::max(dst_device, 0));

@@ -54,6 +54,11 @@ void CloseIpc(void* base, int device);
 // buffers on `src_device` and `dst_device` (-1: page-locked host memory).
 Result<double> CopyBandwidth(int src_device, int dst_device, size_t block, double seconds);
 
+// Page-locked host memory (cudaMallocHost), for staging rings made when a
+// segment is opened.
+Result<void*> AllocPinned(size_t length);
+void FreePinned(void* p);
+
 // Device memory for tools and tests (`ferry serve --gpu-alloc`).
 Result<void*> AllocDevice(size_t length, int device);
 void FreeDevice(void* p);

@@ -17,6 +17,10 @@ Result<void*> AllocDevice(size_t, int) {
   return Status(StatusCode::kNotSupported, "built without CUDA");
 }
 void FreeDevice(void*) {}
+Result<void*> AllocPinned(size_t) {
+  return Status(StatusCode::kNotSupported, "built without CUDA");
+}
+void FreePinned(void*) {}
 Result<double> CopyBandwidth(int, int, size_t, double) {
   return Status(StatusCode::kNotSupported, "built without CUDA");
 }

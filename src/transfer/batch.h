@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -73,9 +74,19 @@ struct Task {
   // GPU memory on either side: the device that copies, and the readiness event
   // recorded on the submission stream (null when the caller opted out).
   int gpu_device = -1;
+  bool gpu_local = false;  // the local side is the GPU memory
   std::shared_ptr<gpu::ReadyEvent> ready;
+  // Set on a stand-in task by a transport that stages the real one: runs
+  // instead of the batch update, which the real task then does.
+  std::shared_ptr<std::function<void(const Status&)>> on_done;
 
-  void Done(const Status& s) const { batch->TaskDone(index, s); }
+  void Done(const Status& s) const {
+    if (on_done) {
+      (*on_done)(s);
+    } else {
+      batch->TaskDone(index, s);
+    }
+  }
 };
 
 }  // namespace ferry

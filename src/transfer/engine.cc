@@ -517,7 +517,8 @@ class Engine::Impl {
         state->FailRequest(i, it->second);
         continue;
       }
-      const int gpu_device = has_gpu_ ? GpuDevice(r, *seg) : -1;
+      bool gpu_local = false;
+      const int gpu_device = has_gpu_ ? GpuDevice(r, *seg, &gpu_local) : -1;
       const bool gpu = gpu_device >= 0;
       auto [rit, fresh] = routes.try_emplace({r.segment, gpu});
       Route& rt = rit->second;
@@ -553,6 +554,7 @@ class Engine::Impl {
         t.length = std::min(slice, r.length - off);
         t.index = static_cast<uint32_t>(i);
         t.gpu_device = gpu_device;
+        t.gpu_local = gpu_local;
         if (gpu_device >= 0) t.ready = ready;
         t.deadline = deadline;
         t.batch = state;
@@ -583,7 +585,7 @@ class Engine::Impl {
   // The GPU that copies a request touching GPU memory, or -1 for host memory.
   // Registered ranges were classified once; other local buffers are classified
   // here. A GPU request is routed only to transports that declare GPU memory.
-  int GpuDevice(const Request& r, const Segment& seg) const {
+  int GpuDevice(const Request& r, const Segment& seg, bool* local_gpu = nullptr) const {
     gpu::MemoryInfo local;
     if (auto reg = registry_.Find(reinterpret_cast<uint64_t>(r.local), r.length)) {
       local.kind = reg->kind;
@@ -591,6 +593,7 @@ class Engine::Impl {
     } else {
       local = gpu::Classify(r.local);
     }
+    if (local_gpu != nullptr) *local_gpu = local.kind == gpu::MemoryKind::kDevice;
     if (local.kind == gpu::MemoryKind::kDevice) return std::max(local.device, 0);
     if (seg.is_self()) {
       auto reg = registry_.Find(r.remote, r.length);
