@@ -166,9 +166,10 @@ class Engine {
   Result<std::unique_ptr<Batch>> Submit(std::span<const Request> requests,
                                         std::chrono::milliseconds timeout = {});
   // The same, with a submission stream for GPU memory. GPU memory moves within
-  // this engine's own segment (local) and to same-host peers (cuda_ipc); over
-  // tcp it fails with NotSupported for now. Never blocks on the GPU: readiness
-  // is an event recorded on `options.stream`, waited on by the engine's streams.
+  // this engine's own segment (local), to same-host peers (cuda_ipc), and from
+  // this side over tcp through pinned staging; GPU memory at a tcp target fails
+  // with NotSupported for now. Never blocks on the GPU: readiness is an event
+  // recorded on `options.stream`, waited on by the engine's private streams.
   Result<std::unique_ptr<Batch>> Submit(std::span<const Request> requests,
                                         const SubmitOptions& options);
   // Stream-ordered transfer (DESIGN.md R5): returns at once. The copies start
