@@ -31,7 +31,8 @@ constexpr int kStreamsPerDevice = 4;
 
 // The special handles (legacy, per-thread) belong to the current device.
 cudaError_t StreamDevice(cudaStream_t s, int* device) {
-  if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) {
+  // Compares the caller's handle; never enqueues on it.  cuda-lint: allow
+  if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) {  // cuda-lint: allow
     return cudaGetDevice(device);
   }
   return cudaStreamGetDevice(s, device);

@@ -116,8 +116,16 @@ Result<void*> AllocDevice(size_t length, int device) {
     return Status(StatusCode::kResourceExhausted,
                   std::string("cudaMalloc: ") + cudaGetErrorString(err));
   }
-  cudaMemset(p, 0, length);
-  cudaDeviceSynchronize();
+  // Zeroed on a private stream: no legacy-stream or device-wide sync (R4, R6).
+  cudaStream_t s = nullptr;
+  err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  if (err == cudaSuccess) err = cudaMemsetAsync(p, 0, length, s);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(s);
+  if (s != nullptr) cudaStreamDestroy(s);
+  if (err != cudaSuccess) {
+    cudaFree(p);
+    return Status(StatusCode::kInternal, std::string("zeroing: ") + cudaGetErrorString(err));
+  }
   return p;
 }
 
