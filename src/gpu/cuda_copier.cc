@@ -121,7 +121,8 @@ class CudaCopier : public Copier {
       return done(Status(StatusCode::kInvalidArgument, "no such GPU"));
     }
     DevicePool& pool = *pools_[static_cast<size_t>(device)];
-    cudaSetDevice(device);  // per thread; cheap once set
+    // May run on a caller's thread (copies that cannot block): leave its device be.
+    DeviceGuard guard(device);
     cudaStream_t s = pool.streams[pool.next.fetch_add(1) % pool.streams.size()];
     cudaError_t err = cudaSuccess;
     if (ready) err = cudaStreamWaitEvent(s, ready->event, 0);
@@ -207,6 +208,7 @@ class CudaCopier : public Copier {
   // The completion thread: queries events, never waits inside CUDA.
   void Poll() {
     std::deque<Pending> mine;
+    auto last_progress = std::chrono::steady_clock::now();
     for (;;) {
       {
         std::unique_lock lk(mu_);
@@ -231,7 +233,17 @@ class CudaCopier : public Copier {
         done(st);
         progressed = true;
       }
-      if (!progressed && !mine.empty()) std::this_thread::sleep_for(std::chrono::microseconds(20));
+      // Spin briefly after progress, when more completions are likely close; a
+      // sleep of 20 us otherwise bounds the thread's cost.
+      auto now = std::chrono::steady_clock::now();
+      if (progressed) last_progress = now;
+      if (!progressed && !mine.empty()) {
+        if (now - last_progress < std::chrono::microseconds(200)) {
+          std::this_thread::yield();
+        } else {
+          std::this_thread::sleep_for(std::chrono::microseconds(20));
+        }
+      }
     }
   }
 

@@ -71,9 +71,17 @@ class CudaIpcEndpoint : public Endpoint, public std::enable_shared_from_this<Cud
     }
   }
 
+  // A copy whose both sides are GPU or page-locked memory cannot block, so it
+  // is enqueued from the submitting thread; any other goes to a copy thread.
   void Post(std::vector<Task> tasks) override {
     for (auto& t : tasks) {
-      pool_.Post([self = shared_from_this(), t = std::move(t)] { self->Run(t); });
+      uint64_t region = 0;
+      const Mapping* m = t.gpu_local ? Lookup(t.remote, t.length, &region) : nullptr;
+      if (m != nullptr && (m->ipc_base != nullptr || m->pinned)) {
+        Run(t);
+      } else {
+        pool_.Post([self = shared_from_this(), t = std::move(t)] { self->Run(t); });
+      }
     }
   }
 
