@@ -28,16 +28,15 @@ struct DevicePool {
 };
 
 constexpr int kStreamsPerDevice = 4;
-
-// The special handles (legacy, per-thread) belong to the current device.
-cudaError_t StreamDevice(cudaStream_t s, int* device) {
-  // Compares the caller's handle; never enqueues on it.  cuda-lint: allow
-  if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) {  // cuda-lint: allow
-    return cudaGetDevice(device);
-  }
-  return cudaStreamGetDevice(s, device);
-}
 constexpr int kEventsPerDevice = 256;
+
+// The device of a caller's stream. The default and per-thread handles belong
+// to the thread's current device; they are not named, only looked up.
+cudaError_t StreamDevice(cudaStream_t s, int* device) {
+  if (cudaStreamGetDevice(s, device) == cudaSuccess) return cudaSuccess;
+  cudaGetLastError();  // not sticky; clear it before the fallback
+  return cudaGetDevice(device);
+}
 
 }  // namespace
 
@@ -128,15 +127,7 @@ class CudaCopier : public Copier {
     if (ready) err = cudaStreamWaitEvent(s, ready->event, 0);
     if (err == cudaSuccess) err = cudaMemcpyAsync(dst, src, length, cudaMemcpyDefault, s);
     if (err != cudaSuccess) return done(CudaError(err, "enqueueing a GPU copy"));
-    auto finished = TakeEvent(device);
-    if (!finished.ok()) return done(finished.status());
-    err = cudaEventRecord(finished.value(), s);
-    if (err != cudaSuccess) return done(CudaError(err, "recording copy completion"));
-    {
-      std::lock_guard lk(mu_);
-      pending_.push_back({finished.value(), device, std::move(ready), std::move(done)});
-    }
-    cv_.notify_one();
+    Track(s, device, std::move(ready), std::move(done));
   }
 
   Status CheckStream(void* stream) override {
@@ -161,15 +152,7 @@ class CudaCopier : public Copier {
     int device = 0;
     cudaError_t err = StreamDevice(s, &device);
     if (err != cudaSuccess) return done(CudaError(err, "finding the stream's device"));
-    auto e = TakeEvent(device);
-    if (!e.ok()) return done(e.status());
-    err = cudaEventRecord(e.value(), s);
-    if (err != cudaSuccess) return done(CudaError(err, "recording completion on the stream"));
-    {
-      std::lock_guard lk(mu_);
-      pending_.push_back({e.value(), device, nullptr, std::move(done)});
-    }
-    cv_.notify_one();
+    Track(s, device, nullptr, std::move(done));
   }
 
  private:
@@ -179,6 +162,24 @@ class CudaCopier : public Copier {
     std::shared_ptr<ReadyEvent> ready;  // kept until the copy that waits on it is done
     std::function<void(const Status&)> done;
   };
+
+  // Records a completion event on `s` and hands it to the completion thread,
+  // which runs `done` once the work enqueued so far has finished.
+  void Track(cudaStream_t s, int device, std::shared_ptr<ReadyEvent> ready,
+             std::function<void(const Status&)> done) {
+    auto e = TakeEvent(device);
+    if (!e.ok()) return done(e.status());
+    cudaError_t err = cudaEventRecord(e.value(), s);
+    if (err != cudaSuccess) {
+      GiveEvent(device, e.value());
+      return done(CudaError(err, "recording completion"));
+    }
+    {
+      std::lock_guard lk(mu_);
+      pending_.push_back({e.value(), device, std::move(ready), std::move(done)});
+    }
+    cv_.notify_one();
+  }
 
   Result<cudaEvent_t> TakeEvent(int device) {
     DevicePool& pool = *pools_[static_cast<size_t>(device)];

@@ -80,8 +80,7 @@ bool BatchState::WaitQuiescent(Deadline deadline) {
 
 void BatchState::NoteDeadline(Deadline d) {
   std::lock_guard lk(mu_);
-  if (!has_latest_ || d.at() > latest_.at()) latest_ = d;
-  has_latest_ = true;
+  if (d.at() > latest_.at()) latest_ = d;
 }
 
 Deadline BatchState::latest_deadline() const {

@@ -52,13 +52,12 @@ class BatchState {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<Req> requests_;     // guarded by mu_
-  size_t succeeded_ = 0;          // guarded by mu_
-  size_t failed_ = 0;             // guarded by mu_
-  size_t tasks_outstanding_ = 0;  // guarded by mu_
-  Status first_error_;            // guarded by mu_
-  Deadline latest_;               // guarded by mu_
-  bool has_latest_ = false;       // guarded by mu_
+  std::vector<Req> requests_;                  // guarded by mu_
+  size_t succeeded_ = 0;                       // guarded by mu_
+  size_t failed_ = 0;                          // guarded by mu_
+  size_t tasks_outstanding_ = 0;               // guarded by mu_
+  Status first_error_;                         // guarded by mu_
+  Deadline latest_{Clock::time_point::min()};  // guarded by mu_
   std::atomic<bool> cancelled_{false};
 };
 

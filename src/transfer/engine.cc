@@ -501,12 +501,12 @@ class Engine::Impl {
         if (!st.ok()) stale_errors[id] = st;
       }
     }
-    struct Route {
+    struct Path {
       Status status;
       Transport* transport = nullptr;
       std::shared_ptr<Endpoint> ep;
     };
-    std::map<std::pair<SegmentId, bool>, Route> routes;  // by segment and GPU-ness
+    std::map<std::pair<SegmentId, bool>, Path> routes;  // by segment and GPU-ness
     std::unordered_map<Endpoint*, std::vector<Task>> posts;
     std::vector<std::shared_ptr<Endpoint>> keep;
     std::shared_ptr<gpu::ReadyEvent> ready;
@@ -521,9 +521,9 @@ class Engine::Impl {
       const int gpu_device = has_gpu_ ? GpuDevice(r, *seg, &gpu_local) : -1;
       const bool gpu = gpu_device >= 0;
       auto [rit, fresh] = routes.try_emplace({r.segment, gpu});
-      Route& rt = rit->second;
+      Path& rt = rit->second;
       if (fresh) {
-        auto got = this->Route(seg, gpu);
+        auto got = Route(seg, gpu);
         if (got.ok()) {
           rt.transport = got.value().first;
           rt.ep = got.value().second;

@@ -31,11 +31,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void Start() {
     asio::error_code ec;
     sock_.set_option(tcp::no_delay(true), ec);
-    try {
-      peer_ = sock_.remote_endpoint().address().to_string();
-    } catch (const std::exception&) {
-      peer_ = "?";
-    }
+    auto remote = sock_.remote_endpoint(ec);
+    peer_ = ec ? "?" : remote.address().to_string();
     Watchdog();
     ReadHeader();
   }

@@ -4,10 +4,8 @@
 // page-locking it for the GPU; requests then become cudaMemcpyAsync on the
 // engine's private streams, after the submission stream's readiness event.
 // Nothing on the data path opens, registers or synchronizes (R4).
-#include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <map>
@@ -18,6 +16,7 @@
 #include "gpu/copier.h"
 #include "gpu/gpu.h"
 #include "transfer/copy_task.h"
+#include "transfer/peer_memfd.h"
 #include "transfer/segment.h"
 #include "transfer/transport.h"
 
@@ -56,14 +55,13 @@ class CudaIpcEndpoint : public Endpoint, public std::enable_shared_from_this<Cud
         m.ipc_base = base.value();
         m.base = static_cast<char*>(base.value()) + r.ipc_offset;
       } else if (r.memfd >= 0) {
-        std::string path = "/proc/" + std::to_string(pid_) + "/fd/" + std::to_string(r.memfd);
-        int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
-        if (fd < 0) continue;
-        void* p = mmap(nullptr, r.length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        close(fd);
-        if (p == MAP_FAILED) continue;
-        m.base = static_cast<char*>(p);
-        m.pinned = gpu::PinHost(p, r.length);
+        auto p = MapPeerMemfd(pid_, r.memfd, r.length);
+        if (!p.ok()) {
+          FERRY_LOG_WARN("cuda_ipc: {}: {}", name_, p.status().ToString());
+          continue;
+        }
+        m.base = p.value();
+        m.pinned = gpu::PinHost(m.base, r.length);
       } else {
         continue;  // pageable heap of another process: no GPU path to it yet
       }

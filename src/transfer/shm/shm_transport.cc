@@ -4,11 +4,9 @@
 // moved with process_vm_readv/writev. Copies run on the engine's copy pool.
 // The peer's liveness is watched through a pidfd, so a dead peer fails
 // requests with ConnectionLost instead of touching a reused pid.
-#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -21,6 +19,7 @@
 #include "common/log.h"
 #include "common/thread_pool.h"
 #include "transfer/copy_task.h"
+#include "transfer/peer_memfd.h"
 #include "transfer/segment.h"
 #include "transfer/transport.h"
 
@@ -87,20 +86,9 @@ class ShmEndpoint : public Endpoint, public std::enable_shared_from_this<ShmEndp
     std::lock_guard lk(mu_);
     auto it = maps_.find(r.addr);
     if (it != maps_.end()) return it->second.base;
-    std::string path = "/proc/" + std::to_string(desc_->pid) + "/fd/" + std::to_string(r.memfd);
-    int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
-    if (fd < 0) return Status::FromErrno(errno, "open " + path);
-    struct stat st {};
-    if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < r.length) {
-      close(fd);
-      return Status(StatusCode::kIoError, path + " is smaller than its region");
-    }
-    void* p = mmap(nullptr, r.length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    int err = errno;
-    close(fd);
-    if (p == MAP_FAILED) return Status::FromErrno(err, "mmap " + path);
-    maps_[r.addr] = {static_cast<char*>(p), r.length};
-    return static_cast<char*>(p);
+    FERRY_ASSIGN_OR_RETURN(char* p, MapPeerMemfd(desc_->pid, r.memfd, r.length));
+    maps_[r.addr] = {p, r.length};
+    return p;
   }
 
   Status CrossProcess(const Task& t) {

@@ -222,14 +222,13 @@ void Lane::ArmTimer() {
   timer_.async_wait([self = shared_from_this(), gen = gen_](asio::error_code ec) {
     self->timer_armed_ = false;
     if (ec || gen != self->gen_) return;
-    self->OnTimer(gen);
+    self->OnTimer();
   });
 }
 
 // Enforces deadlines: a connection that does not come up, a request past its
 // deadline, and a connection that makes no progress.
-void Lane::OnTimer(uint64_t gen) {
-  (void)gen;
+void Lane::OnTimer() {
   if (state_ == State::kConnecting && connect_deadline_.Expired()) {
     return Fail(Status(StatusCode::kUnavailable, "connect to " + cfg_.peer_name + " timed out"));
   }

@@ -55,7 +55,7 @@ class Lane : public std::enable_shared_from_this<Lane> {
   void Complete(const Status& st);
   void Fail(const Status& st);
   void ArmTimer();
-  void OnTimer(uint64_t gen);
+  void OnTimer();
   Status Remote(const wire::Header& h) const;
 
   asio::strand<asio::io_context::executor_type> strand_;
