@@ -6,6 +6,7 @@
 // created once, when the Copier is, and pooled (R4, R6).
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 
@@ -42,6 +43,14 @@ class Copier {
   // Runs `done` on the completion thread once the work enqueued on `stream`
   // so far has finished.
   virtual void NotifyOnStream(void* stream, std::function<void(const Status&)> done) = 0;
+  // Enqueues on `stream` a write of `value` to the page-locked host word
+  // `flag`, after the work before it (cuStreamWriteValue32, fenced). The CPU
+  // sees it by reading the word: no CUDA call is needed to observe progress.
+  virtual Status SignalOnStream(void* stream, uint32_t* flag, uint32_t value) = 0;
+  // Enqueues on `stream` a wait until the page-locked host word `flag`,
+  // compared cyclically, reaches `value` (cuStreamWaitValue32, GEQ). R5: only
+  // CPU progress may release it, never GPU work of this process.
+  virtual Status WaitOnStream(void* stream, const uint32_t* flag, uint32_t value) = 0;
 };
 
 }  // namespace ferry::gpu

@@ -1,3 +1,4 @@
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -61,6 +62,9 @@ class CudaCopier : public Copier {
   Status Init() {
     int n = DeviceCount();
     if (n == 0) return Status(StatusCode::kNotSupported, Describe());
+    // Stream memory operations, from the driver at run time: libcuda is never linked.
+    wait_value_ = DriverFunction<WaitValueFn>("cuStreamWaitValue32");
+    write_value_ = DriverFunction<WriteValueFn>("cuStreamWriteValue32");
     pools_.reserve(static_cast<size_t>(n));
     for (int d = 0; d < n; ++d) {
       auto pool = std::make_unique<DevicePool>();
@@ -155,7 +159,46 @@ class CudaCopier : public Copier {
     Track(s, device, nullptr, std::move(done));
   }
 
+  Status SignalOnStream(void* stream, uint32_t* flag, uint32_t value) override {
+    if (write_value_ == nullptr) return NoMemOps();
+    CUresult r = write_value_(static_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(flag),
+                              value, CU_STREAM_WRITE_VALUE_DEFAULT);
+    return DriverStatus(r, "cuStreamWriteValue32 on the caller's stream");
+  }
+
+  Status WaitOnStream(void* stream, const uint32_t* flag, uint32_t value) override {
+    if (wait_value_ == nullptr) return NoMemOps();
+    CUresult r = wait_value_(static_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(flag),
+                             value, CU_STREAM_WAIT_VALUE_GEQ);
+    return DriverStatus(r, "cuStreamWaitValue32 on the caller's stream");
+  }
+
  private:
+  using WaitValueFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+  using WriteValueFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+
+  template <typename Fn>
+  static Fn DriverFunction(const char* name) {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    return reinterpret_cast<Fn>(fn);
+  }
+
+  static Status NoMemOps() {
+    return Status(StatusCode::kNotSupported, "the driver has no stream memory operations");
+  }
+
+  static Status DriverStatus(CUresult r, const char* what) {
+    if (r == CUDA_SUCCESS) return Status::Ok();
+    return Status(StatusCode::kInternal,
+                  std::string(what) + " failed: CUresult " + std::to_string(r));
+  }
+
   struct Pending {
     cudaEvent_t event;
     int device;
@@ -254,6 +297,8 @@ class CudaCopier : public Copier {
   std::deque<Pending> pending_;  // guarded by mu_
   bool stopping_ = false;        // guarded by mu_
   std::thread poller_;
+  WaitValueFn wait_value_ = nullptr;
+  WriteValueFn write_value_ = nullptr;
 };
 
 }  // namespace

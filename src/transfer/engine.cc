@@ -23,6 +23,7 @@
 #include "transfer/memory_registry.h"
 #include "transfer/metadata.h"
 #include "transfer/segment.h"
+#include "transfer/stream_relay.h"
 #include "transfer/transport.h"
 
 namespace ferry {
@@ -104,6 +105,7 @@ class Engine::Impl {
     }
     for (auto& ep : eps) ep->Close();
     eps.clear();
+    relay_.reset();  // releases any stream still waiting on it
     transports_.clear();
     // Let the io threads run the close handlers, then stop them.
     work_.reset();
@@ -149,11 +151,20 @@ class Engine::Impl {
       auto copier = gpu::Copier::Create();
       if (!copier.ok()) return copier.status();
       copier_ = std::move(copier).value();
+      // Four stream-ordered batches in flight at once, eight chunks each per window.
+      relay_ = StreamRelay::Create(copier_.get(), 4, 8 * options_.tcp_chunk_bytes,
+                                   options_.request_timeout);
     }
     copy_pool_ = std::make_unique<ThreadPool>(options_.copy_threads);
-    Listener::Config cfg{options_.host, options_.port, epoch_, options_.request_timeout,
-                         static_cast<size_t>(env::GetInt("FERRY_MAX_CONNECTIONS", 1024))};
-    auto l = Listener::Start(io_, cfg, registry_, [this] { return EncodeDescriptor(Describe()); });
+    Listener::Config cfg;
+    cfg.host = options_.host;
+    cfg.port = options_.port;
+    cfg.epoch = epoch_;
+    cfg.frame_timeout = options_.request_timeout;
+    cfg.max_connections = static_cast<size_t>(env::GetInt("FERRY_MAX_CONNECTIONS", 1024));
+    cfg.staging_bytes = options_.tcp_chunk_bytes;
+    auto l = Listener::Start(io_, cfg, registry_, copier_.get(),
+                             [this] { return EncodeDescriptor(Describe()); });
     if (!l.ok()) return l.status();
     listener_ = std::move(l).value();
     name_ =
@@ -425,9 +436,11 @@ class Engine::Impl {
     return Status::Ok();
   }
 
-  // R5: every copy goes on the caller's stream itself, through mappings made
-  // at segment open, so nothing waits on the GPU for CPU progress and nothing
-  // depends on a kernel launch. All requests are resolved before any is
+  // R5. Copies that a mapping allows (cuda_ipc, local) go on the caller's
+  // stream itself, with no wait. The rest is relayed: the CPU moves the bytes
+  // (tcp, shm), between a signal and a wait on the stream that only CPU
+  // progress releases, and GPU memory of this process is staged by copies on
+  // the stream (stream_relay.h). Every request is resolved before anything is
   // enqueued (R7).
   Result<std::unique_ptr<Batch>> SubmitOnStream(std::span<const Request> reqs, void* stream) {
     if (!copier_) {
@@ -444,42 +457,77 @@ class Engine::Impl {
       void* dst;
       const void* src;
       size_t length;
-      TransportKind via;
     };
     std::vector<Copy> copies;
+    std::vector<size_t> copied;   // request indices
+    std::vector<size_t> relayed;  // request indices
+    std::vector<StreamRelay::Chunk> chunks;
+    auto state = std::make_shared<BatchState>(reqs.size());
     for (size_t i = 0; i < reqs.size(); ++i) {
       const Request& r = reqs[i];
       auto bad = [i](const Status& st) {
         return Status(st.code(), "request " + std::to_string(i) + ": " + st.message());
       };
       const std::shared_ptr<Segment>& seg = segs[r.segment];
-      if (GpuDevice(r, *seg) < 0) {
-        return bad(Status(StatusCode::kNotSupported,
-                          "stream-ordered transfers between host buffers are not supported yet"));
-      }
-      auto route = Route(seg, true);
+      const Sides sides = GpuSides(r, *seg);
+      auto route = Route(seg, sides.device() >= 0);
       if (!route.ok()) return bad(route.status());
-      auto remote = route.value().second->MapForStream(r.remote, r.length);
-      if (!remote.ok()) return bad(remote.status());
-      const bool write = r.op == Op::kWrite;
-      copies.push_back({write ? remote.value() : r.local, write ? r.local : remote.value(),
-                        r.length, route.value().first->caps().kind});
+      auto [transport, ep] = route.value();
+      if (sides.device() >= 0) {
+        auto mapped = ep->MapForStream(r.remote, r.length);
+        if (mapped.ok()) {
+          const bool write = r.op == Op::kWrite;
+          copies.push_back(
+              {write ? mapped.value() : r.local, write ? r.local : mapped.value(), r.length});
+          copied.push_back(i);
+          state->Plan(i, 1, transport->caps().kind);
+          continue;
+        }
+      }
+      if (!relay_) {
+        return bad(Status(StatusCode::kNotSupported, "no staging for stream-ordered transfers"));
+      }
+      // Relayed: a host-memory path to the target, which stages its own GPU memory.
+      if (sides.remote < 0) {
+        auto host = Route(seg, false);
+        if (!host.ok()) return bad(host.status());
+        std::tie(transport, ep) = host.value();
+      } else if (transport->caps().kind != TransportKind::kTcp) {
+        return bad(Status(StatusCode::kNotSupported,
+                          std::string("GPU memory at ") + seg->name() + " is not reachable by " +
+                              transport->caps().name + " from a stream"));
+      }
+      uint64_t slice = std::min<uint64_t>(transport->caps().max_task_bytes, relay_->slot_bytes());
+      for (uint64_t off = 0; off < r.length; off += slice) {
+        chunks.push_back({ep, r.op, static_cast<char*>(r.local) + off, sides.local >= 0,
+                          r.remote + off, std::min(slice, r.length - off),
+                          static_cast<uint32_t>(i)});
+      }
+      relayed.push_back(i);
+      state->Plan(i, 1, transport->caps().kind);
     }
-    auto state = std::make_shared<BatchState>(reqs.size());
     state->NoteDeadline(Deadline::After(options_.request_timeout));
-    for (size_t i = 0; i < copies.size(); ++i) state->Plan(i, 1, copies[i].via);
-    size_t enqueued = 0;
     Status failed;
+    size_t enqueued = 0;
     for (const Copy& c : copies) {
       failed = copier_->EnqueueOnStream(stream, c.dst, c.src, c.length);
       if (!failed.ok()) break;
       ++enqueued;
     }
-    for (size_t i = enqueued; i < copies.size(); ++i) state->TaskDone(i, failed);
     if (enqueued > 0) {
-      copier_->NotifyOnStream(stream, [state, enqueued](const Status& st) {
-        for (size_t i = 0; i < enqueued; ++i) state->TaskDone(i, st);
+      copier_->NotifyOnStream(stream, [state, copied, enqueued](const Status& st) {
+        for (size_t k = 0; k < enqueued; ++k) state->TaskDone(copied[k], st);
       });
+    }
+    for (size_t k = enqueued; k < copied.size(); ++k) state->TaskDone(copied[k], failed);
+    if (!chunks.empty()) {
+      if (failed.ok()) {
+        failed = relay_->Submit(stream, std::move(chunks), state,
+                                Deadline::After(options_.request_timeout));
+      }
+      if (!failed.ok()) {
+        for (size_t i : relayed) state->TaskDone(i, failed);
+      }
     }
     return std::make_unique<Batch>(std::move(state));
   }
@@ -517,8 +565,9 @@ class Engine::Impl {
         state->FailRequest(i, it->second);
         continue;
       }
-      bool gpu_local = false;
-      const int gpu_device = has_gpu_ ? GpuDevice(r, *seg, &gpu_local) : -1;
+      const Sides sides = has_gpu_ ? GpuSides(r, *seg) : Sides{};
+      const int gpu_device = sides.device();
+      const bool gpu_local = sides.local >= 0;
       const bool gpu = gpu_device >= 0;
       auto [rit, fresh] = routes.try_emplace({r.segment, gpu});
       Path& rt = rit->second;
@@ -582,10 +631,17 @@ class Engine::Impl {
         static_cast<int>(env::GetInt("FERRY_COPY_THREADS", options_.copy_threads));
   }
 
-  // The GPU that copies a request touching GPU memory, or -1 for host memory.
-  // Registered ranges were classified once; other local buffers are classified
-  // here. A GPU request is routed only to transports that declare GPU memory.
-  int GpuDevice(const Request& r, const Segment& seg, bool* local_gpu = nullptr) const {
+  // Where a request's GPU memory is: each side's device, -1 for host memory.
+  // Registered ranges were classified once; other local buffers are
+  // classified here.
+  struct Sides {
+    int local = -1;
+    int remote = -1;
+    // The GPU that copies: the local one, else the remote one.
+    int device() const { return local >= 0 ? local : remote; }
+  };
+  Sides GpuSides(const Request& r, const Segment& seg) const {
+    Sides sides;
     gpu::MemoryInfo local;
     if (auto reg = registry_.Find(reinterpret_cast<uint64_t>(r.local), r.length)) {
       local.kind = reg->kind;
@@ -593,17 +649,19 @@ class Engine::Impl {
     } else {
       local = gpu::Classify(r.local);
     }
-    if (local_gpu != nullptr) *local_gpu = local.kind == gpu::MemoryKind::kDevice;
-    if (local.kind == gpu::MemoryKind::kDevice) return std::max(local.device, 0);
+    if (local.kind == gpu::MemoryKind::kDevice) sides.local = std::max(local.device, 0);
     if (seg.is_self()) {
       auto reg = registry_.Find(r.remote, r.length);
-      return reg && reg->kind == gpu::MemoryKind::kDevice ? std::max(reg->device, 0) : -1;
+      if (reg && reg->kind == gpu::MemoryKind::kDevice) sides.remote = std::max(reg->device, 0);
+      return sides;
     }
     auto d = seg.descriptor();
     const RegionDesc* g = d ? d->Find(r.remote, r.length) : nullptr;
-    if (!g || g->kind != static_cast<uint8_t>(gpu::MemoryKind::kDevice)) return -1;
-    // The peer's device index, where this process sees that many GPUs.
-    return g->device >= 0 && g->device < gpu::DeviceCount() ? g->device : 0;
+    if (g && g->kind == static_cast<uint8_t>(gpu::MemoryKind::kDevice)) {
+      // The peer's device index, where this process sees that many GPUs.
+      sides.remote = g->device >= 0 && g->device < gpu::DeviceCount() ? g->device : 0;
+    }
+    return sides;
   }
 
   static void ReleaseOwned(const Region& r) {
@@ -623,6 +681,7 @@ class Engine::Impl {
   std::vector<std::thread> io_threads_;
   MemoryRegistry registry_;
   std::unique_ptr<gpu::Copier> copier_;  // null without a GPU
+  std::unique_ptr<StreamRelay> relay_;   // null without a GPU
   std::unique_ptr<ThreadPool> copy_pool_;
   std::unique_ptr<Listener> listener_;
   std::unique_ptr<EngineContext> ctx_;

@@ -6,8 +6,10 @@
 #include <optional>
 
 #include "common/log.h"
+#include "gpu/copier.h"
 #include "transfer/memory_registry.h"
 #include "transfer/socket_io.h"
+#include "transfer/staging.h"
 #include "transfer/wire.h"
 
 namespace ferry {
@@ -20,13 +22,20 @@ using wire::Opcode;
 
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
+  // The GPU context is the listener's; `gpu` is null without a GPU.
+  struct Gpu {
+    gpu::Copier* copier;
+    StagingPool* staging;
+  };
+
   Connection(tcp::socket sock, const Listener::Config& cfg, const MemoryRegistry& registry,
-             const Listener::DescriptorFn& descriptor)
+             const Listener::DescriptorFn& descriptor, std::optional<Gpu> gpu)
       : sock_(std::move(sock)),
         timer_(sock_.get_executor()),
         cfg_(cfg),
         registry_(registry),
-        descriptor_(descriptor) {}
+        descriptor_(descriptor),
+        gpu_(gpu) {}
 
   void Start() {
     asio::error_code ec;
@@ -85,20 +94,30 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
   }
 
-  StatusCode Check(const Header& h) const {
+  // The range's GPU when it is device memory, -1 for host memory.
+  StatusCode Check(const Header& h, int* device) const {
     if (h.length == 0) return StatusCode::kInvalidArgument;
-    if (!registry_.Contains(h.addr, h.length)) return StatusCode::kOutOfRange;
+    auto r = registry_.Find(h.addr, h.length);
+    if (!r) return StatusCode::kOutOfRange;
+    *device = r->kind == gpu::MemoryKind::kDevice ? std::max(r->device, 0) : -1;
+    if (*device >= 0 && !gpu_) return StatusCode::kNotSupported;
     return StatusCode::kOk;
   }
 
   void HandleWrite(const Header& h) {
     if (h.length > wire::kMaxPayload) return Drop("write payload too large");
-    StatusCode st = Check(h);
+    int device = -1;
+    StatusCode st = Check(h, &device);
     if (st != StatusCode::kOk) {
       FERRY_LOG_WARN("listener: write from {} rejected: {} at 0x{:x}+{}", peer_, StatusCodeName(st),
                      h.addr, h.length);
       return Discard(h, h.length, st);
     }
+    if (device >= 0)
+      return WithStaging([self = shared_from_this(), h, device](char* buf) {
+        self->BeginFrame();
+        self->WriteToDevice(h, device, buf, 0);
+      });
     BeginFrame();
     AsyncReadPayload(sock_, reinterpret_cast<char*>(h.addr), h.length, &lowat_,
                      [self = shared_from_this(), h](asio::error_code ec) {
@@ -124,14 +143,94 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void HandleRead(const Header& h) {
     if (h.length > wire::kMaxPayload) return Drop("read length too large");
-    StatusCode st = Check(h);
+    int device = -1;
+    StatusCode st = Check(h, &device);
     if (st != StatusCode::kOk) {
       FERRY_LOG_WARN("listener: read from {} rejected: {} at 0x{:x}+{}", peer_, StatusCodeName(st),
                      h.addr, h.length);
       return Reply({Opcode::kReadData, st, h.id, h.addr, 0}, nullptr);
     }
+    if (device >= 0)
+      return WithStaging([self = shared_from_this(), h, device](char* buf) {
+        self->BeginFrame();
+        self->ReadFromDevice(h, device, buf, 0);
+      });
     Reply({Opcode::kReadData, StatusCode::kOk, h.id, h.addr, h.length},
           reinterpret_cast<const void*>(h.addr));
+  }
+
+  // Runs `fn` on this connection's strand once a staging buffer is free. The
+  // connection reads no further frame meanwhile, which bounds what it holds.
+  void WithStaging(std::function<void(char*)> fn) {
+    gpu_->staging->Take([self = shared_from_this(), fn = std::move(fn)](char* buf) mutable {
+      asio::post(self->sock_.get_executor(), [buf, fn = std::move(fn)] { fn(buf); });
+    });
+  }
+
+  // Runs `next` on the strand once the staged copy has landed, or fails the frame.
+  void CopyThen(void* dst, const void* src, size_t n, int device,
+                std::function<void(const Status&)> next) {
+    gpu_->copier->CopyAsync(dst, src, n, device, nullptr,
+                            [self = shared_from_this(), next = std::move(next)](const Status& st) {
+                              asio::post(self->sock_.get_executor(), [st, next] { next(st); });
+                            });
+  }
+
+  // A write into GPU memory, one staging buffer at a time: receive a piece,
+  // copy it to the device, and ack only once the last piece has landed (R3).
+  void WriteToDevice(const Header& h, int device, char* buf, uint64_t off) {
+    const size_t n = std::min<uint64_t>(h.length - off, gpu_->staging->buffer_bytes());
+    AsyncReadPayload(
+        sock_, buf, n, &lowat_, [self = shared_from_this(), h, device, buf, off, n](auto ec) {
+          if (ec) {
+            self->gpu_->staging->Give(buf);
+            return self->Shutdown();
+          }
+          char* dst = reinterpret_cast<char*>(h.addr) + off;
+          self->CopyThen(dst, buf, n, device, [self, h, device, buf, off, n](const Status& st) {
+            if (st.ok() && off + n < h.length) return self->WriteToDevice(h, device, buf, off + n);
+            self->gpu_->staging->Give(buf);
+            self->EndFrame();
+            if (!st.ok()) {
+              FERRY_LOG_ERROR("listener: GPU write at 0x{:x} failed: {}", h.addr, st.ToString());
+              return self->Discard(h, h.length - off - n, StatusCode::kInternal);
+            }
+            self->Reply({Opcode::kWriteAck, StatusCode::kOk, h.id, h.addr, 0}, nullptr);
+          });
+        });
+  }
+
+  // A read of GPU memory: copy a piece device-to-host, send it, repeat. The
+  // header goes out with the first piece, so a copy error before it can
+  // still be reported; after it, the connection is closed and the peer's
+  // request fails.
+  void ReadFromDevice(const Header& h, int device, char* buf, uint64_t off) {
+    const size_t n = std::min<uint64_t>(h.length - off, gpu_->staging->buffer_bytes());
+    const char* src = reinterpret_cast<const char*>(h.addr) + off;
+    CopyThen(
+        buf, src, n, device, [self = shared_from_this(), h, device, buf, off, n](const Status& st) {
+          if (!st.ok()) {
+            self->gpu_->staging->Give(buf);
+            self->EndFrame();
+            FERRY_LOG_ERROR("listener: GPU read at 0x{:x} failed: {}", h.addr, st.ToString());
+            if (off > 0) return self->Shutdown();
+            return self->Reply({Opcode::kReadData, StatusCode::kInternal, h.id, h.addr, 0},
+                               nullptr);
+          }
+          std::array<asio::const_buffer, 2> bufs = {
+              asio::buffer(self->out_, off == 0 ? sizeof(self->out_) : 0), asio::buffer(buf, n)};
+          if (off == 0) {
+            wire::EncodeHeader({Opcode::kReadData, StatusCode::kOk, h.id, h.addr, h.length},
+                               self->out_);
+          }
+          asio::async_write(self->sock_, bufs, [self, h, device, buf, off, n](auto ec, size_t) {
+            if (!ec && off + n < h.length) return self->ReadFromDevice(h, device, buf, off + n);
+            self->gpu_->staging->Give(buf);
+            self->EndFrame();
+            if (ec) return self->Shutdown();
+            self->ReadHeader();
+          });
+        });
   }
 
   // Sends a header and, when `payload` is set, h.length bytes; then reads on.
@@ -175,17 +274,23 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uint8_t out_[wire::kHeaderSize];
   std::vector<uint8_t> desc_;
   std::vector<uint8_t> scratch_;
+  const std::optional<Gpu> gpu_;
 };
 
 class ListenerImpl : public Listener {
  public:
   ListenerImpl(asio::io_context& io, const Config& cfg, const MemoryRegistry& registry,
-               DescriptorFn descriptor)
+               gpu::Copier* copier, DescriptorFn descriptor)
       : io_(io),
         cfg_(cfg),
         registry_(registry),
         descriptor_(std::move(descriptor)),
-        acceptor_(asio::make_strand(io)) {}
+        acceptor_(asio::make_strand(io)) {
+    if (copier != nullptr) {
+      staging_ = StagingPool::Create(cfg_.staging_buffers, cfg_.staging_bytes, "listener");
+      if (staging_) gpu_ = Connection::Gpu{copier, staging_.get()};
+    }
+  }
 
   Status Bind() {
     asio::error_code ec;
@@ -224,7 +329,7 @@ class ListenerImpl : public Listener {
     acceptor_.async_accept(asio::make_strand(io_), [this](auto ec, tcp::socket sock) {
       if (ec == asio::error::operation_aborted) return;
       if (!ec) {
-        auto c = std::make_shared<Connection>(std::move(sock), cfg_, registry_, descriptor_);
+        auto c = std::make_shared<Connection>(std::move(sock), cfg_, registry_, descriptor_, gpu_);
         bool admitted;
         {
           std::lock_guard lk(mu_);
@@ -247,6 +352,8 @@ class ListenerImpl : public Listener {
   const Config cfg_;
   const MemoryRegistry& registry_;
   const DescriptorFn descriptor_;
+  std::unique_ptr<StagingPool> staging_;  // null without a GPU
+  std::optional<Connection::Gpu> gpu_;
   tcp::acceptor acceptor_;
   uint16_t port_ = 0;
   std::mutex mu_;
@@ -257,8 +364,8 @@ class ListenerImpl : public Listener {
 
 Result<std::unique_ptr<Listener>> Listener::Start(asio::io_context& io, const Config& config,
                                                   const MemoryRegistry& registry,
-                                                  DescriptorFn descriptor) {
-  auto l = std::make_unique<ListenerImpl>(io, config, registry, std::move(descriptor));
+                                                  gpu::Copier* copier, DescriptorFn descriptor) {
+  auto l = std::make_unique<ListenerImpl>(io, config, registry, copier, std::move(descriptor));
   FERRY_RETURN_IF_ERROR(l->Bind());
   return std::unique_ptr<Listener>(std::move(l));
 }

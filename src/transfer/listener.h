@@ -3,6 +3,11 @@
 // Every frame is validated; every remote range is checked against the
 // registry. A malformed frame closes that connection and is logged, and the
 // listener keeps serving everyone else.
+//
+// GPU memory of this process is staged: a write's payload lands in a pinned
+// buffer and is copied to the device on a private stream before the ack (R3);
+// a read is copied device-to-host first, then sent. Without a GPU such
+// frames are refused with NotSupported.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +26,9 @@ class io_context;
 namespace ferry {
 
 class MemoryRegistry;
+namespace gpu {
+class Copier;
+}
 
 class Listener {
  public:
@@ -32,13 +40,17 @@ class Listener {
     Millis frame_timeout{30000};
     // Connections beyond this are closed at once; env FERRY_MAX_CONNECTIONS.
     size_t max_connections = 1024;
+    // Pinned staging for GPU memory, made at start when there is a GPU.
+    size_t staging_buffers = 16;
+    size_t staging_bytes = 512 << 10;
   };
   using DescriptorFn = std::function<std::vector<uint8_t>()>;
 
   // Binds and starts accepting. Unavailable if the address cannot be bound.
+  // `copier` is null without a GPU; it must outlive the listener.
   static Result<std::unique_ptr<Listener>> Start(asio::io_context& io, const Config& config,
                                                  const MemoryRegistry& registry,
-                                                 DescriptorFn descriptor);
+                                                 gpu::Copier* copier, DescriptorFn descriptor);
   virtual ~Listener() = default;
   virtual uint16_t port() const = 0;
   // Stops accepting and closes every connection; handlers finish on the io threads.

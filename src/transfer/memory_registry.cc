@@ -48,11 +48,6 @@ Result<Region> MemoryRegistry::Remove(uint64_t addr) {
   return r;
 }
 
-bool MemoryRegistry::Contains(uint64_t addr, uint64_t length) const {
-  auto r = Find(addr, length);
-  return r && r->kind != gpu::MemoryKind::kDevice;
-}
-
 std::optional<Region> MemoryRegistry::Find(uint64_t addr, uint64_t length) const {
   if (length == 0 || addr + length < addr) return std::nullopt;
   std::shared_lock lk(mu_);

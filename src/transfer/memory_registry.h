@@ -32,9 +32,6 @@ class MemoryRegistry {
   Status Add(const Region& region);
   // NotFound unless a region starts at `addr`. Returns the removed region.
   Result<Region> Remove(uint64_t addr);
-  // True when [addr, addr+length) lies inside a single region of host memory:
-  // what the listener may hand to the socket.
-  bool Contains(uint64_t addr, uint64_t length) const;
   // The region holding [addr, addr+length) whole, host or GPU.
   std::optional<Region> Find(uint64_t addr, uint64_t length) const;
   std::vector<Region> Snapshot() const;

@@ -181,15 +181,15 @@ TEST(MemoryRegistry, OverlapsAreRejectedAndContainsIsExact) {
   EXPECT_EQ(reg.Add(R(0x20000, 0)).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(reg.Add(R(~0ull - 10, 100)).code(), StatusCode::kInvalidArgument);
   ASSERT_TRUE(reg.Add(R(0x11000, 0x1000)).ok());  // adjacent
-  EXPECT_TRUE(reg.Contains(0x10000, 0x1000));
-  EXPECT_TRUE(reg.Contains(0x10fff, 1));
-  EXPECT_FALSE(reg.Contains(0x10fff, 2));  // spans two registrations
-  EXPECT_FALSE(reg.Contains(0xfff, 1));
-  EXPECT_FALSE(reg.Contains(0x10000, 0));
-  EXPECT_FALSE(reg.Contains(0x10000, ~0ull));
+  EXPECT_TRUE(reg.Find(0x10000, 0x1000).has_value());
+  EXPECT_TRUE(reg.Find(0x10fff, 1).has_value());
+  EXPECT_FALSE(reg.Find(0x10fff, 2).has_value());  // spans two registrations
+  EXPECT_FALSE(reg.Find(0xfff, 1).has_value());
+  EXPECT_FALSE(reg.Find(0x10000, 0).has_value());
+  EXPECT_FALSE(reg.Find(0x10000, ~0ull).has_value());
   EXPECT_EQ(reg.Remove(0x10001).status().code(), StatusCode::kNotFound);
   EXPECT_TRUE(reg.Remove(0x10000).ok());
-  EXPECT_FALSE(reg.Contains(0x10000, 1));
+  EXPECT_FALSE(reg.Find(0x10000, 1).has_value());
   EXPECT_EQ(reg.Snapshot().size(), 1u);
 }
 

@@ -2,64 +2,31 @@
 // request is sliced into chunks (tcp_chunk_bytes) spread round-robin over the
 // peer's lanes (tcp_lanes), each lane keeping tcp_chunks_in_flight on the wire.
 #include <atomic>
-#include <deque>
 #include <functional>
-#include <mutex>
 
 #include "common/log.h"
 #include "gpu/copier.h"
 #include "gpu/gpu.h"
 #include "transfer/segment.h"
+#include "transfer/staging.h"
 #include "transfer/tcp/lane.h"
 #include "transfer/transport.h"
 
 namespace ferry {
 namespace {
 
-// Pinned buffers of one chunk each, made when the endpoint is, so GPU chunks
-// never allocate on the data path.
-class StagingRing {
- public:
-  static std::unique_ptr<StagingRing> Create(size_t count, size_t bytes) {
-    auto r = std::unique_ptr<StagingRing>(new StagingRing());
-    for (size_t i = 0; i < count; ++i) {
-      auto p = gpu::AllocPinned(bytes);
-      if (!p.ok()) {
-        FERRY_LOG_WARN("tcp: no pinned staging for GPU memory: {}", p.status().ToString());
-        return nullptr;
-      }
-      r->all_.push_back(static_cast<char*>(p.value()));
-    }
-    r->free_ = r->all_;
-    return r;
-  }
-  ~StagingRing() {
-    for (char* p : all_) gpu::FreePinned(p);
-  }
-  char* TryTake() {
-    if (free_.empty()) return nullptr;
-    char* p = free_.back();
-    free_.pop_back();
-    return p;
-  }
-  void Give(char* p) { free_.push_back(p); }
-
- private:
-  StagingRing() = default;
-  std::vector<char*> all_;
-  std::vector<char*> free_;
-};
-
 // GPU memory over tcp goes through the staging ring: a write's chunk is copied
 // device-to-host on a private stream after the readiness event, then sent; a
 // read's chunk lands in staging, then is copied host-to-device after the
 // readiness event (R2). With several chunks staged at once, the copy of chunk
 // k+1 overlaps the send of chunk k. A GPU write completes when the target has
-// acknowledged it; a GPU read once the bytes are in device memory (R3).
+// acknowledged it; a GPU read once the bytes are in device memory (R3). GPU
+// memory at the target is the target's listener's to stage: to this side it
+// is plain bytes.
 class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndpoint> {
  public:
   TcpEndpoint(std::vector<std::shared_ptr<Lane>> lanes, gpu::Copier* copier,
-              std::unique_ptr<StagingRing> staging)
+              std::unique_ptr<StagingPool> staging)
       : lanes_(std::move(lanes)), copier_(copier), staging_(std::move(staging)) {}
   ~TcpEndpoint() override { Close(); }
 
@@ -67,11 +34,8 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
     std::vector<Task> host;
     host.reserve(tasks.size());
     for (auto& t : tasks) {
-      if (t.gpu_device < 0) {
+      if (!t.gpu_local) {
         host.push_back(std::move(t));
-      } else if (!t.gpu_local) {
-        t.Done(
-            Status(StatusCode::kNotSupported, "GPU memory at a tcp target is not supported yet"));
       } else if (copier_ == nullptr || staging_ == nullptr) {
         t.Done(Status(StatusCode::kNotSupported, "no pinned staging for GPU memory over tcp"));
       } else {
@@ -101,32 +65,12 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
   }
 
   void Stage(Task t) {
-    char* buf;
-    {
-      std::lock_guard lk(mu_);
-      buf = staging_->TryTake();
-      if (buf == nullptr) {
-        waiting_.push_back(std::move(t));
-        return;
-      }
-    }
-    Start(std::move(t), buf);
+    staging_->Take([self = shared_from_this(), t = std::move(t)](char* buf) mutable {
+      self->Start(std::move(t), buf);
+    });
   }
 
-  // Hands a freed buffer to the next waiting chunk, or back to the ring.
-  void Release(char* buf) {
-    Task next;
-    {
-      std::lock_guard lk(mu_);
-      if (waiting_.empty()) {
-        staging_->Give(buf);
-        return;
-      }
-      next = std::move(waiting_.front());
-      waiting_.pop_front();
-    }
-    Start(std::move(next), buf);
-  }
+  void Release(char* buf) { staging_->Give(buf); }
 
   // A host task over `buf` that stands in for `t` on the wire.
   Task StandIn(const Task& t, char* buf, std::function<void(const Status&)> done) {
@@ -171,9 +115,7 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
   std::vector<std::shared_ptr<Lane>> lanes_;
   std::atomic<size_t> next_{0};
   gpu::Copier* copier_;
-  std::unique_ptr<StagingRing> staging_;  // null without a GPU
-  std::mutex mu_;
-  std::deque<Task> waiting_;  // GPU chunks waiting for a staging buffer; guarded by mu_
+  std::unique_ptr<StagingPool> staging_;  // null without a GPU
 };
 
 class TcpTransport : public Transport {
@@ -208,12 +150,12 @@ class TcpTransport : public Transport {
     for (int i = 0; i < ctx_.options.tcp_lanes; ++i) {
       lanes.push_back(std::make_shared<Lane>(ctx_.io, cfg, segment));
     }
-    std::unique_ptr<StagingRing> staging;
+    std::unique_ptr<StagingPool> staging;
     if (ctx_.copier != nullptr) {
       // Two chunks per in-flight slot: one on the wire while the next is copied.
-      staging = StagingRing::Create(
+      staging = StagingPool::Create(
           static_cast<size_t>(ctx_.options.tcp_lanes * ctx_.options.tcp_chunks_in_flight * 2),
-          ctx_.options.tcp_chunk_bytes);
+          ctx_.options.tcp_chunk_bytes, "tcp");
     }
     return std::shared_ptr<Endpoint>(
         std::make_shared<TcpEndpoint>(std::move(lanes), ctx_.copier, std::move(staging)));

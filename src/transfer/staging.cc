@@ -1,0 +1,54 @@
+#include "transfer/staging.h"
+
+#include "common/log.h"
+#include "gpu/gpu.h"
+
+namespace ferry {
+
+std::unique_ptr<StagingPool> StagingPool::Create(size_t count, size_t bytes, const char* owner) {
+  auto pool = std::unique_ptr<StagingPool>(new StagingPool(bytes));
+  for (size_t i = 0; i < count; ++i) {
+    auto p = gpu::AllocPinned(bytes);
+    if (!p.ok()) {
+      FERRY_LOG_WARN("{}: no pinned staging for GPU memory: {}", owner, p.status().ToString());
+      return nullptr;
+    }
+    pool->all_.push_back(static_cast<char*>(p.value()));
+  }
+  pool->free_ = pool->all_;
+  return pool;
+}
+
+StagingPool::~StagingPool() {
+  for (char* p : all_) gpu::FreePinned(p);
+}
+
+void StagingPool::Take(std::function<void(char*)> fn) {
+  char* buf;
+  {
+    std::lock_guard lk(mu_);
+    if (free_.empty()) {
+      waiting_.push_back(std::move(fn));
+      return;
+    }
+    buf = free_.back();
+    free_.pop_back();
+  }
+  fn(buf);
+}
+
+void StagingPool::Give(char* buf) {
+  std::function<void(char*)> next;
+  {
+    std::lock_guard lk(mu_);
+    if (waiting_.empty()) {
+      free_.push_back(buf);
+      return;
+    }
+    next = std::move(waiting_.front());
+    waiting_.pop_front();
+  }
+  next(buf);
+}
+
+}  // namespace ferry

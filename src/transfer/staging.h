@@ -1,0 +1,39 @@
+// Page-locked host buffers of one size, allocated once when their owner is
+// made and reused, so GPU data paths never allocate or pin (R4).
+#pragma once
+
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace ferry {
+
+class StagingPool {
+ public:
+  // Null when the memory cannot be had (no GPU, or cudaMallocHost failed).
+  static std::unique_ptr<StagingPool> Create(size_t count, size_t bytes, const char* owner);
+  ~StagingPool();
+  StagingPool(const StagingPool&) = delete;
+  StagingPool& operator=(const StagingPool&) = delete;
+
+  size_t buffer_bytes() const { return bytes_; }
+
+  // Calls `fn` with a buffer: now, on this thread, when one is free; else on
+  // the thread of the Give that frees one, in request order. `fn` must not block.
+  void Take(std::function<void(char*)> fn);
+  void Give(char* buf);
+
+ private:
+  explicit StagingPool(size_t bytes) : bytes_(bytes) {}
+
+  const size_t bytes_;
+  std::vector<char*> all_;
+  std::mutex mu_;
+  std::vector<char*> free_;                         // guarded by mu_
+  std::deque<std::function<void(char*)>> waiting_;  // guarded by mu_
+};
+
+}  // namespace ferry
