@@ -272,15 +272,16 @@ int RunInitiator(const BenchArgs& a) {
 
   std::string ref_name;
   double ref = 0;
-  if (a.gpu_src >= 0 || a.gpu_dst >= 0) {
-    ref_name = "cudaMemcpyAsync";
-    auto r = gpu::CopyBandwidth(a.gpu_src, a.gpu_dst, a.block_size, std::min(a.duration, 2.0));
-    ref = r.ok() ? r.value() : 0;
-  } else if (served == "tcp") {
+  // Over tcp, GPU memory included, the bound is the socket; otherwise the copy.
+  if (served == "tcp") {
     ref_name = "tcp_stream";
     uint64_t peer_host_end = a.peer.rfind(':');
     ref = ReferenceTcp(a.peer.substr(0, peer_host_end), a.ref_port, op == Op::kWrite, total,
                        a.block_size);
+  } else if (a.gpu_src >= 0 || a.gpu_dst >= 0) {
+    ref_name = "cudaMemcpyAsync";
+    auto r = gpu::CopyBandwidth(a.gpu_src, a.gpu_dst, a.block_size, std::min(a.duration, 2.0));
+    ref = r.ok() ? r.value() : 0;
   } else {
     ref_name = "memcpy";
     ref = ReferenceMemcpy(a.block_size, std::min(a.duration, 2.0));

@@ -1,17 +1,23 @@
 #include "common/log.h"
 
+#include <spdlog/sinks/stdout_color_sinks.h>
+
 #include <cstdlib>
-#include <mutex>
 
 namespace ferry::log {
 
-void Init() {
-  static std::once_flag once;
-  std::call_once(once, [] {
+spdlog::logger& Get() {
+  static const std::shared_ptr<spdlog::logger> logger = [] {
+    // Not registered with spdlog: an application's own "ferry" logger, or
+    // spdlog::drop_all(), cannot collide with it.
+    auto l = std::make_shared<spdlog::logger>(
+        "ferry", std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
     const char* lvl = std::getenv("FERRY_LOG_LEVEL");
-    spdlog::set_level(lvl ? spdlog::level::from_str(lvl) : spdlog::level::warn);
-    spdlog::set_pattern("[%H:%M:%S.%e] [ferry %P] [%l] %v");
-  });
+    l->set_level(lvl ? spdlog::level::from_str(lvl) : spdlog::level::warn);
+    l->set_pattern("[%H:%M:%S.%e] [ferry %P] [%l] %v");
+    return l;
+  }();
+  return *logger;
 }
 
 }  // namespace ferry::log

@@ -1,4 +1,6 @@
-// Logging through spdlog. Errors are logged once, where they are decided.
+// Logging through spdlog, to stderr, on Ferry's own logger: stdout stays the
+// application's (`ferry serve` prints JSON there), and so do spdlog's global
+// logger and level. Errors are logged once, where they are decided.
 // FERRY_LOG_LEVEL (trace|debug|info|warn|error|off) sets the level; default warn.
 #pragma once
 
@@ -6,12 +8,14 @@
 
 namespace ferry::log {
 
-// Applies FERRY_LOG_LEVEL once per process; cheap to call repeatedly.
-void Init();
+// The logger, made on first use with FERRY_LOG_LEVEL applied.
+spdlog::logger& Get();
+// Makes the logger now; cheap to call repeatedly.
+inline void Init() { Get(); }
 
 }  // namespace ferry::log
 
-#define FERRY_LOG_DEBUG(...) SPDLOG_DEBUG(__VA_ARGS__)
-#define FERRY_LOG_INFO(...) spdlog::info(__VA_ARGS__)
-#define FERRY_LOG_WARN(...) spdlog::warn(__VA_ARGS__)
-#define FERRY_LOG_ERROR(...) spdlog::error(__VA_ARGS__)
+#define FERRY_LOG_DEBUG(...) ::ferry::log::Get().debug(__VA_ARGS__)
+#define FERRY_LOG_INFO(...) ::ferry::log::Get().info(__VA_ARGS__)
+#define FERRY_LOG_WARN(...) ::ferry::log::Get().warn(__VA_ARGS__)
+#define FERRY_LOG_ERROR(...) ::ferry::log::Get().error(__VA_ARGS__)

@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <set>
 #include <thread>
 #include <unordered_map>
 
@@ -461,6 +462,7 @@ class Engine::Impl {
     std::vector<Copy> copies;
     std::vector<size_t> copied;   // request indices
     std::vector<size_t> relayed;  // request indices
+    std::set<SegmentId> refreshed;
     std::vector<StreamRelay::Chunk> chunks;
     auto state = std::make_shared<BatchState>(reqs.size());
     for (size_t i = 0; i < reqs.size(); ++i) {
@@ -469,6 +471,7 @@ class Engine::Impl {
         return Status(st.code(), "request " + std::to_string(i) + ": " + st.message());
       };
       const std::shared_ptr<Segment>& seg = segs[r.segment];
+      if (Status st = CheckRemote(r, *seg, &refreshed); !st.ok()) return bad(st);
       const Sides sides = GpuSides(r, *seg);
       auto route = Route(seg, sides.device() >= 0);
       if (!route.ok()) return bad(route.status());
@@ -538,6 +541,7 @@ class Engine::Impl {
     FERRY_RETURN_IF_ERROR(Validate(reqs, &segs));
     auto state = std::make_shared<BatchState>(reqs.size());
     std::unordered_map<SegmentId, Status> stale_errors;
+    std::set<SegmentId> refreshed;
     Deadline deadline = Deadline::After(timeout);
     state->NoteDeadline(deadline);
 
@@ -563,6 +567,11 @@ class Engine::Impl {
       const std::shared_ptr<Segment>& seg = segs[r.segment];
       if (auto it = stale_errors.find(r.segment); it != stale_errors.end()) {
         state->FailRequest(i, it->second);
+        continue;
+      }
+      if (Status st = CheckRemote(r, *seg, &refreshed); !st.ok()) {
+        state->FailRequest(i,
+                           Status(st.code(), "request " + std::to_string(i) + ": " + st.message()));
         continue;
       }
       const Sides sides = has_gpu_ ? GpuSides(r, *seg) : Sides{};
@@ -629,6 +638,27 @@ class Engine::Impl {
     options_.io_threads = static_cast<int>(env::GetInt("FERRY_IO_THREADS", options_.io_threads));
     options_.copy_threads =
         static_cast<int>(env::GetInt("FERRY_COPY_THREADS", options_.copy_threads));
+  }
+
+  // R7: a remote range must lie inside one registered buffer of the target,
+  // as its descriptor says, before any byte moves; a transport that slices a
+  // request would otherwise apply the slices that fit. A peer may have
+  // registered memory since the descriptor was fetched, so a miss refetches
+  // it once per submit.
+  Status CheckRemote(const Request& r, Segment& seg, std::set<SegmentId>* refreshed) {
+    auto known = [&] {
+      if (seg.is_self()) return registry_.Find(r.remote, r.length).has_value();
+      auto d = seg.descriptor();
+      return d && d->Find(r.remote, r.length) != nullptr;
+    };
+    if (known()) return Status::Ok();
+    if (!seg.is_self() && refreshed->insert(seg.id()).second) {
+      FERRY_RETURN_IF_ERROR(Refresh(seg));
+      if (known()) return Status::Ok();
+    }
+    return Status(StatusCode::kOutOfRange,
+                  fmt::format("0x{:x}+{} is not inside one registered buffer of {}", r.remote,
+                              r.length, seg.name()));
   }
 
   // Where a request's GPU memory is: each side's device, -1 for host memory.

@@ -1,6 +1,7 @@
 #include "transfer/listener.h"
 
 #include <asio.hpp>
+#include <deque>
 #include <list>
 #include <mutex>
 #include <optional>
@@ -20,9 +21,13 @@ using asio::ip::tcp;
 using wire::Header;
 using wire::Opcode;
 
+// One peer connection, on its own strand. Frames are read one after another;
+// replies go out in frame order through a queue, so a GPU frame's copy
+// overlaps reading the next frame and writing earlier replies. At most
+// kMaxQueued replies are pending before reading pauses.
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
-  // The GPU context is the listener's; `gpu` is null without a GPU.
+  // The GPU context is the listener's; absent without a GPU.
   struct Gpu {
     gpu::Copier* copier;
     StagingPool* staging;
@@ -51,12 +56,31 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
  private:
+  static constexpr size_t kMaxQueued = 8;
+
+  // A reply slot, reserved when its frame is read and filled when ready.
+  struct Out {
+    uint8_t header[wire::kHeaderSize];
+    size_t header_len = wire::kHeaderSize;
+    const void* payload = nullptr;
+    uint64_t length = 0;
+    bool ready = false;
+    std::function<void()> sent;  // after the write, or at shutdown: returns staging
+  };
+  using OutPtr = std::shared_ptr<Out>;
+
   void Shutdown() {
+    if (closed_) return;
     asio::error_code ec;
     sock_.shutdown(tcp::socket::shutdown_both, ec);
     sock_.close(ec);
     timer_.cancel();
     closed_ = true;
+    // Slots not yet filled release their staging when their copy completes.
+    for (auto& o : outq_) {
+      if (o->ready && o->sent) std::exchange(o->sent, nullptr)();
+    }
+    outq_.clear();
   }
 
   void Drop(const std::string& why) {
@@ -65,10 +89,77 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void ReadHeader() {
+    if (closed_) return;
     asio::async_read(sock_, asio::buffer(in_), [self = shared_from_this()](auto ec, size_t) {
       if (ec) return self->Shutdown();  // EOF or close: the peer is gone
       self->Dispatch();
     });
+  }
+
+  // The next frame, unless too many replies are pending; the writer resumes.
+  void ReadNext() {
+    if (closed_) return;
+    if (outq_.size() >= kMaxQueued) {
+      read_paused_ = true;
+      return;
+    }
+    ReadHeader();
+  }
+
+  OutPtr Reserve() {
+    outq_.push_back(std::make_shared<Out>());
+    return outq_.back();
+  }
+
+  void Fill(const OutPtr& o, const Header& h, const void* payload,
+            std::function<void()> sent = nullptr) {
+    if (closed_) {
+      if (sent) sent();
+      return;
+    }
+    wire::EncodeHeader(h, o->header);
+    o->payload = payload;
+    o->length = payload != nullptr ? h.length : 0;
+    o->sent = std::move(sent);
+    o->ready = true;
+    Flush();
+  }
+
+  // Queues a reply that is ready now.
+  void Reply(const Header& h, const void* payload, std::function<void()> sent = nullptr) {
+    Fill(Reserve(), h, payload, std::move(sent));
+  }
+
+  void Flush() {
+    if (writing_ || closed_) return;
+    if (outq_.empty()) {
+      if (on_drained_) std::exchange(on_drained_, nullptr)();
+      return;
+    }
+    if (!outq_.front()->ready) return;
+    OutPtr o = outq_.front();
+    writing_ = true;
+    std::array<asio::const_buffer, 2> bufs = {asio::buffer(o->header, o->header_len),
+                                              asio::buffer(o->payload, o->length)};
+    BeginFrame();
+    asio::async_write(sock_, bufs, [self = shared_from_this(), o](auto ec, size_t) {
+      self->EndFrame();
+      self->writing_ = false;
+      if (o->sent) std::exchange(o->sent, nullptr)();
+      if (ec || self->closed_) return self->Shutdown();
+      self->outq_.pop_front();
+      if (self->read_paused_ && self->outq_.size() < kMaxQueued) {
+        self->read_paused_ = false;
+        self->ReadHeader();
+      }
+      self->Flush();
+    });
+  }
+
+  // Runs `fn` once every queued reply has been written.
+  void WhenDrained(std::function<void()> fn) {
+    if (outq_.empty() && !writing_) return fn();
+    on_drained_ = std::move(fn);
   }
 
   void Dispatch() {
@@ -79,11 +170,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
       case Opcode::kHello: {
         StatusCode st =
             (h.addr == 0 || h.addr == cfg_.epoch) ? StatusCode::kOk : StatusCode::kPeerRestarted;
-        return Reply({Opcode::kHelloAck, st, h.id, cfg_.epoch, 0}, nullptr);
+        Reply({Opcode::kHelloAck, st, h.id, cfg_.epoch, 0}, nullptr);
+        return ReadNext();
       }
       case Opcode::kGetDescriptor: {
-        desc_ = descriptor_();
-        return Reply({Opcode::kDescriptor, StatusCode::kOk, h.id, 0, desc_.size()}, desc_.data());
+        auto desc = std::make_shared<std::vector<uint8_t>>(descriptor_());
+        Reply({Opcode::kDescriptor, StatusCode::kOk, h.id, 0, desc->size()}, desc->data(),
+              [desc] {});
+        return ReadNext();
       }
       case Opcode::kWrite:
         return HandleWrite(h);
@@ -113,23 +207,31 @@ class Connection : public std::enable_shared_from_this<Connection> {
                      h.addr, h.length);
       return Discard(h, h.length, st);
     }
-    if (device >= 0)
-      return WithStaging([self = shared_from_this(), h, device](char* buf) {
-        self->BeginFrame();
-        self->WriteToDevice(h, device, buf, 0);
+    if (device >= 0) {
+      if (h.length <= gpu_->staging->buffer_bytes()) return WriteToDevice(h, device);
+      return WhenDrained([self = shared_from_this(), h, device] {
+        self->WithStaging([self, h, device](char* buf) {
+          self->writing_ = true;  // nothing else is sent until the ack
+          self->WriteToDeviceSerial(h, device, buf, 0);
+        });
       });
+    }
     BeginFrame();
     AsyncReadPayload(sock_, reinterpret_cast<char*>(h.addr), h.length, &lowat_,
                      [self = shared_from_this(), h](asio::error_code ec) {
                        self->EndFrame();
                        if (ec) return self->Shutdown();
                        self->Reply({Opcode::kWriteAck, StatusCode::kOk, h.id, h.addr, 0}, nullptr);
+                       self->ReadNext();
                      });
   }
 
   // Consumes a rejected write's payload so the stream stays in step.
   void Discard(const Header& h, uint64_t left, StatusCode st) {
-    if (left == 0) return Reply({Opcode::kWriteAck, st, h.id, h.addr, 0}, nullptr);
+    if (left == 0) {
+      Reply({Opcode::kWriteAck, st, h.id, h.addr, 0}, nullptr);
+      return ReadNext();
+    }
     if (scratch_.empty()) scratch_.resize(64 << 10);
     size_t n = std::min<uint64_t>(left, scratch_.size());
     BeginFrame();
@@ -148,15 +250,21 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (st != StatusCode::kOk) {
       FERRY_LOG_WARN("listener: read from {} rejected: {} at 0x{:x}+{}", peer_, StatusCodeName(st),
                      h.addr, h.length);
-      return Reply({Opcode::kReadData, st, h.id, h.addr, 0}, nullptr);
+      Reply({Opcode::kReadData, st, h.id, h.addr, 0}, nullptr);
+      return ReadNext();
     }
-    if (device >= 0)
-      return WithStaging([self = shared_from_this(), h, device](char* buf) {
-        self->BeginFrame();
-        self->ReadFromDevice(h, device, buf, 0);
+    if (device >= 0) {
+      if (h.length <= gpu_->staging->buffer_bytes()) return ReadFromDevice(h, device);
+      return WhenDrained([self = shared_from_this(), h, device] {
+        self->WithStaging([self, h, device](char* buf) {
+          self->writing_ = true;  // the pieces go straight to the socket
+          self->ReadFromDeviceSerial(h, device, buf, 0);
+        });
       });
+    }
     Reply({Opcode::kReadData, StatusCode::kOk, h.id, h.addr, h.length},
           reinterpret_cast<const void*>(h.addr));
+    ReadNext();
   }
 
   // Runs `fn` on this connection's strand once a staging buffer is free. The
@@ -167,7 +275,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     });
   }
 
-  // Runs `next` on the strand once the staged copy has landed, or fails the frame.
+  // Runs `next` on the strand once the staged copy has landed, or failed.
   void CopyThen(void* dst, const void* src, size_t n, int device,
                 std::function<void(const Status&)> next) {
     gpu_->copier->CopyAsync(dst, src, n, device, nullptr,
@@ -176,85 +284,140 @@ class Connection : public std::enable_shared_from_this<Connection> {
                             });
   }
 
-  // A write into GPU memory, one staging buffer at a time: receive a piece,
-  // copy it to the device, and ack only once the last piece has landed (R3).
-  void WriteToDevice(const Header& h, int device, char* buf, uint64_t off) {
+  void GiveBack(char* buf) { gpu_->staging->Give(buf); }
+
+  // A write into GPU memory that fits one staging buffer: receive it, start
+  // the copy to the device and read on; the ack goes out once it has
+  // landed (R3).
+  void WriteToDevice(const Header& h, int device) {
+    OutPtr out = Reserve();
+    WithStaging([self = shared_from_this(), h, device, out](char* buf) {
+      self->BeginFrame();
+      AsyncReadPayload(
+          self->sock_, buf, h.length, &self->lowat_, [self, h, device, out, buf](auto ec) {
+            self->EndFrame();
+            if (ec) {
+              self->GiveBack(buf);
+              return self->Shutdown();
+            }
+            self->CopyThen(reinterpret_cast<void*>(h.addr), buf, h.length, device,
+                           [self, h, out, buf](const Status& st) {
+                             self->GiveBack(buf);
+                             if (!st.ok()) {
+                               FERRY_LOG_ERROR("listener: GPU write at 0x{:x} failed: {}", h.addr,
+                                               st.ToString());
+                             }
+                             StatusCode code = st.ok() ? StatusCode::kOk : StatusCode::kInternal;
+                             self->Fill(out, {Opcode::kWriteAck, code, h.id, h.addr, 0}, nullptr);
+                           });
+            self->ReadNext();
+          });
+    });
+  }
+
+  // A read of GPU memory that fits one staging buffer: copy it device-to-host
+  // and read on; the reply is sent, in order, once the copy has landed.
+  void ReadFromDevice(const Header& h, int device) {
+    OutPtr out = Reserve();
+    WithStaging([self = shared_from_this(), h, device, out](char* buf) {
+      self->CopyThen(
+          buf, reinterpret_cast<const void*>(h.addr), h.length, device,
+          [self, h, out, buf](const Status& st) {
+            if (!st.ok()) {
+              self->GiveBack(buf);
+              FERRY_LOG_ERROR("listener: GPU read at 0x{:x} failed: {}", h.addr, st.ToString());
+              return self->Fill(out, {Opcode::kReadData, StatusCode::kInternal, h.id, h.addr, 0},
+                                nullptr);
+            }
+            self->Fill(out, {Opcode::kReadData, StatusCode::kOk, h.id, h.addr, h.length}, buf,
+                       [self, buf] { self->GiveBack(buf); });
+          });
+      self->ReadNext();
+    });
+  }
+
+  // Frames larger than a staging buffer go one piece at a time, with the
+  // reply queue drained first and nothing else read meanwhile.
+  void WriteToDeviceSerial(const Header& h, int device, char* buf, uint64_t off) {
     const size_t n = std::min<uint64_t>(h.length - off, gpu_->staging->buffer_bytes());
+    BeginFrame();
     AsyncReadPayload(
         sock_, buf, n, &lowat_, [self = shared_from_this(), h, device, buf, off, n](auto ec) {
           if (ec) {
-            self->gpu_->staging->Give(buf);
+            self->EndFrame();
+            self->GiveBack(buf);
             return self->Shutdown();
           }
           char* dst = reinterpret_cast<char*>(h.addr) + off;
           self->CopyThen(dst, buf, n, device, [self, h, device, buf, off, n](const Status& st) {
-            if (st.ok() && off + n < h.length) return self->WriteToDevice(h, device, buf, off + n);
-            self->gpu_->staging->Give(buf);
             self->EndFrame();
+            if (st.ok() && off + n < h.length) {
+              return self->WriteToDeviceSerial(h, device, buf, off + n);
+            }
+            self->GiveBack(buf);
+            self->writing_ = false;
             if (!st.ok()) {
               FERRY_LOG_ERROR("listener: GPU write at 0x{:x} failed: {}", h.addr, st.ToString());
               return self->Discard(h, h.length - off - n, StatusCode::kInternal);
             }
             self->Reply({Opcode::kWriteAck, StatusCode::kOk, h.id, h.addr, 0}, nullptr);
+            self->ReadNext();
           });
         });
   }
 
-  // A read of GPU memory: copy a piece device-to-host, send it, repeat. The
-  // header goes out with the first piece, so a copy error before it can
+  // The header goes out with the first piece, so a copy error before it can
   // still be reported; after it, the connection is closed and the peer's
   // request fails.
-  void ReadFromDevice(const Header& h, int device, char* buf, uint64_t off) {
+  void ReadFromDeviceSerial(const Header& h, int device, char* buf, uint64_t off) {
     const size_t n = std::min<uint64_t>(h.length - off, gpu_->staging->buffer_bytes());
     const char* src = reinterpret_cast<const char*>(h.addr) + off;
+    BeginFrame();
     CopyThen(
         buf, src, n, device, [self = shared_from_this(), h, device, buf, off, n](const Status& st) {
           if (!st.ok()) {
-            self->gpu_->staging->Give(buf);
             self->EndFrame();
+            self->GiveBack(buf);
+            self->writing_ = false;
             FERRY_LOG_ERROR("listener: GPU read at 0x{:x} failed: {}", h.addr, st.ToString());
             if (off > 0) return self->Shutdown();
-            return self->Reply({Opcode::kReadData, StatusCode::kInternal, h.id, h.addr, 0},
-                               nullptr);
+            self->Reply({Opcode::kReadData, StatusCode::kInternal, h.id, h.addr, 0}, nullptr);
+            return self->ReadNext();
           }
-          std::array<asio::const_buffer, 2> bufs = {
-              asio::buffer(self->out_, off == 0 ? sizeof(self->out_) : 0), asio::buffer(buf, n)};
           if (off == 0) {
             wire::EncodeHeader({Opcode::kReadData, StatusCode::kOk, h.id, h.addr, h.length},
-                               self->out_);
+                               self->serial_header_);
           }
+          std::array<asio::const_buffer, 2> bufs = {
+              asio::buffer(self->serial_header_, off == 0 ? sizeof(self->serial_header_) : 0),
+              asio::buffer(buf, n)};
           asio::async_write(self->sock_, bufs, [self, h, device, buf, off, n](auto ec, size_t) {
-            if (!ec && off + n < h.length) return self->ReadFromDevice(h, device, buf, off + n);
-            self->gpu_->staging->Give(buf);
             self->EndFrame();
+            if (!ec && off + n < h.length)
+              return self->ReadFromDeviceSerial(h, device, buf, off + n);
+            self->GiveBack(buf);
+            self->writing_ = false;
             if (ec) return self->Shutdown();
-            self->ReadHeader();
+            self->ReadNext();
           });
         });
   }
 
-  // Sends a header and, when `payload` is set, h.length bytes; then reads on.
-  void Reply(const Header& h, const void* payload) {
-    wire::EncodeHeader(h, out_);
-    std::array<asio::const_buffer, 2> bufs = {asio::buffer(out_),
-                                              asio::buffer(payload, payload ? h.length : 0)};
-    BeginFrame();
-    asio::async_write(sock_, bufs, [self = shared_from_this()](auto ec, size_t) {
-      self->EndFrame();
-      if (ec) return self->Shutdown();
-      self->ReadHeader();
-    });
+  // Bounds progress: a peer that stalls mid-frame, or stops reading its
+  // replies, is cut off. A periodic check, so the data path only counts.
+  void BeginFrame() {
+    ++busy_;
+    progress_ = Clock::now();
   }
-
-  // Bounds payload progress: a peer that stalls mid-frame is cut off. A
-  // periodic check, so the data path sets a timestamp instead of a timer.
-  void BeginFrame() { frame_started_ = Clock::now(); }
-  void EndFrame() { frame_started_.reset(); }
+  void EndFrame() {
+    --busy_;
+    progress_ = Clock::now();
+  }
   void Watchdog() {
     timer_.expires_after(std::min<Millis>(cfg_.frame_timeout, Millis(500)));
     timer_.async_wait([self = shared_from_this()](auto ec) {
       if (ec || self->closed_) return;
-      if (self->frame_started_ && Clock::now() - *self->frame_started_ > self->cfg_.frame_timeout) {
+      if (self->busy_ > 0 && Clock::now() - self->progress_ > self->cfg_.frame_timeout) {
         return self->Drop("frame timed out");
       }
       self->Watchdog();
@@ -266,15 +429,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
   const Listener::Config& cfg_;
   const MemoryRegistry& registry_;
   const Listener::DescriptorFn& descriptor_;
+  const std::optional<Gpu> gpu_;
   std::string peer_;
   bool closed_ = false;
   int lowat_ = 1;
-  std::optional<Clock::time_point> frame_started_;
+  int busy_ = 0;  // reads and writes under way
+  Clock::time_point progress_ = Clock::now();
   uint8_t in_[wire::kHeaderSize];
-  uint8_t out_[wire::kHeaderSize];
-  std::vector<uint8_t> desc_;
+  uint8_t serial_header_[wire::kHeaderSize];
+  std::deque<OutPtr> outq_;  // replies in frame order
+  bool writing_ = false;
+  bool read_paused_ = false;
+  std::function<void()> on_drained_;
   std::vector<uint8_t> scratch_;
-  const std::optional<Gpu> gpu_;
 };
 
 class ListenerImpl : public Listener {

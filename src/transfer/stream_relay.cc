@@ -1,5 +1,7 @@
 #include "transfer/stream_relay.h"
 
+#include <sys/prctl.h>
+
 #include <algorithm>
 #include <condition_variable>
 #include <list>
@@ -79,7 +81,10 @@ class StreamRelay::Core : public std::enable_shared_from_this<StreamRelay::Core>
       slots_[i].cpu_flag = flags_ + (2 * i + 1) * kFlagStride;
       free_.push_back(&slots_[i]);
     }
-    watcher_ = std::thread([this] { Watch(); });
+    watcher_ = std::thread([this] {
+      prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);  // as the copier's completion thread
+      Watch();
+    });
     return Status::Ok();
   }
 

@@ -190,6 +190,21 @@ TEST_P(EngineConformance, OutOfRangeRemoteFailsThatRequestOnly) {
   RoundTrip(alloc_ + 1, 10000, 3);  // still serving
 }
 
+TEST_P(EngineConformance, PartlyOutOfRangeWriteChangesNothing) {
+  // R7: a request that runs past its buffer fails whole, before any byte
+  // moves, even where tcp slices it into chunks that the target checks alone.
+  const uint64_t in_range = 1 << 20;
+  const uint64_t start = alloc_ + kAlloc - in_range;
+  std::vector<char> before(in_range, 0x11);
+  ASSERT_TRUE(engine_->Transfer({Op::kWrite, before.data(), seg_, start, in_range}).ok());
+  std::vector<char> big(4 * in_range, 0x22);
+  Status st = engine_->Transfer({Op::kWrite, big.data(), seg_, start, big.size()});
+  EXPECT_EQ(st.code(), StatusCode::kOutOfRange) << st.ToString();
+  std::vector<char> after(in_range, 0);
+  ASSERT_TRUE(engine_->Transfer({Op::kRead, after.data(), seg_, start, in_range}).ok());
+  EXPECT_TRUE(after == before) << "the in-range part was written";
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, EngineConformance, ::testing::Values("tcp", "shm", "local"),
                          [](const auto& info) { return info.param; });
 
