@@ -28,6 +28,10 @@ _FORCED_PROTOCOLS = {"tcp", "shm"}
 _FAILED = -1
 
 
+def _first_error(handle: Transfer) -> Optional[Exception]:
+    return next((r.error for r in handle.results() if r.error is not None), None)
+
+
 class TransferOpcode(enum.IntEnum):
     Read = READ
     Write = WRITE
@@ -235,8 +239,8 @@ class TransferEngine:
             return _FAILED
         if not handle.done():
             return 0
+        error = _first_error(handle)
         self._batches.pop(batch_id).close()
-        error = next((r.error for r in handle.results() if r.error is not None), None)
         if error is None:
             return 1
         log.error("batch %d failed: %s", batch_id, error)
@@ -316,7 +320,7 @@ class TransferEngine:
             if not handle.done():
                 running.append(handle)
                 continue
-            error = next((r.error for r in handle.results() if r.error is not None), None)
+            error = _first_error(handle)
             if error is not None:
                 self._stream_errors.append(error)
             handle.close()
