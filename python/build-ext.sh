@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Builds the Python package `ferry` with plain g++ against a prebuilt libferry.a,
+# for machines that cannot build Ferry itself (no Debian spdlog/asio/CUDA
+# headers): the binding includes only include/ferry/*.h and pybind11.
+#
+#   python/build-ext.sh LIBDIR OUTDIR
+#
+# LIBDIR holds libferry.a (built with -fPIC, with or without CUDA), the spdlog and
+# fmt shared libraries it was built against (libspdlog.so*, libfmt.so*; else the
+# system's are used), and libcudart_static.a when libferry.a was built with CUDA.
+# OUTDIR receives ferry/ (the pure-Python package plus _ferry<suffix>.so); run with
+# PYTHONPATH=OUTDIR. PYTHON picks the interpreter (default python3); pybind11 comes
+# from `PYTHON -m pybind11 --includes`, else from the system include path.
+set -euo pipefail
+
+if [ $# -ne 2 ]; then
+  echo "usage: $0 LIBDIR OUTDIR" >&2
+  exit 2
+fi
+root="$(cd "$(dirname "$0")/.." && pwd)"
+libdir="$(cd "$1" && pwd)"
+mkdir -p "$2"
+outdir="$(cd "$2" && pwd)"
+py="${PYTHON:-python3}"
+cxx="${CXX:-g++}"
+
+[ -f "$libdir/libferry.a" ] || { echo "$0: no libferry.a in $libdir" >&2; exit 1; }
+
+if ! includes="$("$py" -m pybind11 --includes 2>/dev/null)"; then
+  # Debian's pybind11-dev puts the headers in /usr/include; the interpreter's own
+  # headers come from sysconfig.
+  includes="-I$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+fi
+suffix="$("$py" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"
+
+# A carried library may lack its unversioned name: link it by file name.
+shared_lib() {
+  local f
+  f="$(ls "$libdir/lib$1.so" "$libdir"/lib"$1".so.* 2>/dev/null | head -1 || true)"
+  if [ -n "$f" ]; then echo "-l:$(basename "$f")"; else echo "-l$1"; fi
+}
+cuda=()
+[ -f "$libdir/libcudart_static.a" ] && cuda=("$libdir/libcudart_static.a")
+
+mkdir -p "$outdir/ferry"
+cp -r "$root/python/ferry/." "$outdir/ferry/"
+# The transports register themselves from static initializers: link every object.
+set -x
+"$cxx" -std=c++20 -O2 -fPIC -shared -fvisibility=hidden -Wall -Wextra -Werror \
+  -I"$root/include" $includes "$root/python/src/ferry_py.cc" \
+  -o "$outdir/ferry/_ferry$suffix" \
+  -Wl,--whole-archive "$libdir/libferry.a" -Wl,--no-whole-archive \
+  -L"$libdir" -Wl,-rpath,"$libdir" "$(shared_lib spdlog)" "$(shared_lib fmt)" \
+  "${cuda[@]}" -lrt -ldl -lpthread
