@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import itertools
 import logging
 import os
+import threading
 from typing import Any, Callable, Optional, Sequence
 
 from .. import _ferry
 from ..engine import READ, WRITE, Read, Request, Transfer, Write
 from ..engine import TransferEngine as _Engine
-from ..errors import FerryError, InvalidArgument
+from ..errors import FerryError, InvalidArgument, Timeout
 
 log = logging.getLogger("ferry.compat.mooncake")
 
@@ -56,9 +58,10 @@ class TransferEngine:
     def __init__(self) -> None:
         self._engine: Optional[_Engine] = None
         self._batches: dict[int, Transfer] = {}
-        self._next_batch = 1
+        self._batch_ids = itertools.count(1)  # next() is atomic under the GIL
+        self._lock = threading.Lock()  # guards the two lists below
         self._on_stream: list[Transfer] = []  # kept until their streams pass them
-        self._stream_errors: list[FerryError] = []
+        self._stream_errors: list[Exception] = []
 
     # Set-up.
 
@@ -221,8 +224,7 @@ class TransferEngine:
         except (FerryError, ValueError, TypeError) as e:
             log.error("batch_transfer_async failed: %s", e)
             return 0
-        batch_id = self._next_batch
-        self._next_batch += 1
+        batch_id = next(self._batch_ids)
         self._batches[batch_id] = handle
         return batch_id
 
@@ -301,30 +303,38 @@ class TransferEngine:
         make = Write if opcode == TransferOpcode.Write else Read
         requests = self._requests(make, target_hostname, buffers, peer_buffer_addresses,
                                   lengths)
-        self._on_stream.append(self._ready().submit_on_stream(requests, stream_ptr))
+        handle = self._ready().submit_on_stream(requests, stream_ptr)
+        with self._lock:
+            self._on_stream.append(handle)
 
     def check_cuda_transfers(self, timeout: Optional[float] = None) -> None:
         """Ferry extension: waits (up to `timeout` s each) for the stream-ordered
         transfers still held and raises the first error any of them met."""
-        for handle in self._on_stream:
+        with self._lock:
+            pending = list(self._on_stream)
+        for handle in pending:
             try:
                 if not handle.wait(timeout):
-                    raise FerryError(f"stream-ordered transfer still running after {timeout} s")
+                    raise Timeout(f"stream-ordered transfer still running after {timeout} s")
             except FerryError as e:
-                self._stream_errors.append(e)
+                if not handle.done():
+                    raise e
         self._reap_on_stream()
 
     def _reap_on_stream(self) -> None:
-        running = []
-        for handle in self._on_stream:
-            if not handle.done():
-                running.append(handle)
-                continue
-            error = _first_error(handle)
-            if error is not None:
-                self._stream_errors.append(error)
-            handle.close()
-        self._on_stream = running
-        if self._stream_errors:
+        """Frees the finished stream-ordered transfers; raises the first error seen."""
+        with self._lock:
+            running = []
+            for handle in self._on_stream:
+                if not handle.done():
+                    running.append(handle)
+                    continue
+                error = _first_error(handle)
+                if error is not None:
+                    self._stream_errors.append(error)
+                handle.close()
+            self._on_stream = running
+            if not self._stream_errors:
+                return
             first, self._stream_errors = self._stream_errors[0], []
-            raise first
+        raise first
