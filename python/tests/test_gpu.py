@@ -132,10 +132,12 @@ def test_stream_override_and_mixed_streams():
         engine.write(seg, src, dst.data_ptr(), stream=producer, timeout=WATCHDOG_S)
         assert bool((dst == value).all())
     if torch.cuda.device_count() > 1:
-        other = torch.empty(16, dtype=torch.uint8, device="cuda:1")
-        with pytest.raises(ferry.InvalidArgument, match="stream="):
-            engine.submit([ferry.Write(src, seg, dst.data_ptr()),
-                           ferry.Write(other, seg, dst.data_ptr() + 16)])
+        # Devices 0 and 1 each have a current stream; a batch spanning both needs stream=.
+        other1 = torch.empty(16, dtype=torch.uint8, device="cuda:1")
+        with torch.cuda.stream(torch.cuda.Stream(device="cuda:1")):
+            with pytest.raises(ferry.InvalidArgument, match="stream="):
+                engine.submit([ferry.Write(src, seg, dst.data_ptr()),
+                               ferry.Write(other1, seg, dst.data_ptr() + 16)])
 
 
 def _run_case(*args: str) -> str:
