@@ -45,10 +45,13 @@ cuda=()
 mkdir -p "$outdir/ferry"
 cp -r "$root/python/ferry/." "$outdir/ferry/"
 # The transports register themselves from static initializers: link every object.
+# RPATH rather than RUNPATH, so that libspdlog finds the libfmt beside it too.
+spdlog="$(shared_lib spdlog)"
+fmt="$(shared_lib fmt)"
 set -x
 "$cxx" -std=c++20 -O2 -fPIC -shared -fvisibility=hidden -Wall -Wextra -Werror \
   -I"$root/include" $includes "$root/python/src/ferry_py.cc" \
   -o "$outdir/ferry/_ferry$suffix" \
   -Wl,--whole-archive "$libdir/libferry.a" -Wl,--no-whole-archive \
-  -L"$libdir" -Wl,-rpath,"$libdir" "$(shared_lib spdlog)" "$(shared_lib fmt)" \
+  -L"$libdir" -Wl,--disable-new-dtags,-rpath,"$libdir" "$spdlog" "$fmt" \
   "${cuda[@]}" -lrt -ldl -lpthread
