@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import math
-from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from . import _ferry
 from .errors import InvalidArgument
@@ -20,10 +19,10 @@ from .errors import InvalidArgument
 _PER_THREAD_STREAM = 2
 
 
-@dataclass(frozen=True)
-class Buffer:
+class Buffer(NamedTuple):
     """Resolved local memory. `stream` is the object's own default submission
-    stream (None: it has none, so the CUDA default stream applies)."""
+    stream (None: it has none, so the CUDA default stream applies). A NamedTuple:
+    it is built on every transfer."""
 
     address: int
     nbytes: int
