@@ -4,6 +4,11 @@ ferry.TransferEngine.write, against the same Engine::Transfer loop run in C++
 (ferry._ferry._bench_sync_write_latency, GIL released), in the same run, same
 processes, same buffers. Rounds alternate between the two to cancel drift.
 
+The ratio's reference is the C++ loop calling back to back. A second C++ loop
+pauses (spinning, untimed) between calls for as long as the Python API spends
+outside the engine per call, to show how much of the gap is the engine reacting
+to a caller that is not back to back rather than Python's own cost.
+
     PYTHONPATH=build/python python3 python/bench/bench_latency.py [--transport tcp|shm]
         [--block 4096] [--iterations 2000] [--rounds 5] [--out FILE]
 
@@ -69,8 +74,21 @@ def main() -> int:
             engine.write(seg, src, remote)
         _ferry._bench_sync_write_latency(engine._engine, local, seg.id, remote, args.block, 200)
 
+        # The Python layer's own time per call: write() minus the raw binding call.
+        def p50_of(fn, n=2000):
+            ts = []
+            for _ in range(n):
+                t0 = time.perf_counter_ns()
+                fn()
+                ts.append(time.perf_counter_ns() - t0)
+            return sorted(ts)[n // 2]
+
+        raw = seg.id, remote, args.block
+        pause_ns = max(0, p50_of(lambda: engine._prepare([ferry.Write(src, seg, remote)], None)))
+
         py_ns: list[int] = []
         cpp_ns: list[int] = []
+        paused_ns: list[int] = []
         rounds = []
         for _ in range(args.rounds):
             round_py = []
@@ -80,6 +98,8 @@ def main() -> int:
                 round_py.append(time.perf_counter_ns() - t0)
             round_cpp = _ferry._bench_sync_write_latency(engine._engine, local, seg.id, remote,
                                                          args.block, args.iterations)
+            paused_ns += _ferry._bench_sync_write_latency(engine._engine, local, *raw,
+                                                          args.iterations, pause_ns)
             py_ns += round_py
             cpp_ns += round_cpp
             rounds.append({"python_p50_us": percentile(round_py, 0.5),
@@ -98,6 +118,9 @@ def main() -> int:
         "cpp_p50_us": percentile(cpp_ns, 0.5),
         "cpp_p99_us": percentile(cpp_ns, 0.99),
         "ratio_p50": round(percentile(py_ns, 0.5) / percentile(cpp_ns, 0.5), 3),
+        "cpp_paused_p50_us": percentile(paused_ns, 0.5),
+        "pause_us": pause_ns / 1000.0,
+        "ratio_to_paused_p50": round(percentile(py_ns, 0.5) / percentile(paused_ns, 0.5), 3),
         "round_ratio_median": round(statistics.median(
             r["python_p50_us"] / r["cpp_p50_us"] for r in rounds), 3),
         "python": sys.version.split()[0],
@@ -106,6 +129,8 @@ def main() -> int:
     print(f"{'API':<8}{'p50 us':>10}{'p99 us':>10}")
     print(f"{'python':<8}{result['python_p50_us']:>10.1f}{result['python_p99_us']:>10.1f}")
     print(f"{'c++':<8}{result['cpp_p50_us']:>10.1f}{result['cpp_p99_us']:>10.1f}")
+    print(f"c++ pausing {result['pause_us']:.1f} us between calls: "
+          f"p50 {result['cpp_paused_p50_us']:.1f} us (ratio {result['ratio_to_paused_p50']:.3f})")
     print(f"ratio python/c++ at p50: {result['ratio_p50']:.3f} "
           f"({args.transport}, {args.block} B, {result['iterations']} writes each)")
     line = json.dumps(result)

@@ -159,8 +159,10 @@ py::dict SegmentInfoDict(const ferry::SegmentInfo& info) {
 
 // The C++ side of the overhead benchmark: the same synchronous Transfer the
 // Python API makes, timed in a loop with the GIL released. Nanoseconds per call.
+// `pause_ns` spins between calls, untimed, as a Python caller's own work would.
 std::vector<int64_t> BenchSyncWriteLatency(PyEngine& e, uint64_t local, uint64_t segment,
-                                           uint64_t remote, uint64_t length, int iterations) {
+                                           uint64_t remote, uint64_t length, int iterations,
+                                           int64_t pause_ns) {
   ferry::Engine& engine = e.Get();
   std::vector<int64_t> ns;
   ns.reserve(std::max(iterations, 0));
@@ -169,6 +171,9 @@ std::vector<int64_t> BenchSyncWriteLatency(PyEngine& e, uint64_t local, uint64_t
     py::gil_scoped_release nogil;
     const ferry::Request req{ferry::Op::kWrite, Ptr(local), segment, remote, length};
     for (int i = 0; i < iterations && st.ok(); ++i) {
+      const auto resume = std::chrono::steady_clock::now() + std::chrono::nanoseconds(pause_ns);
+      while (std::chrono::steady_clock::now() < resume) {
+      }
       auto t0 = std::chrono::steady_clock::now();
       st = engine.Transfer(req);
       ns.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -329,5 +334,6 @@ PYBIND11_MODULE(_ferry, m) {
           py::arg("requests"), py::arg("stream"));
 
   m.def("_bench_sync_write_latency", &BenchSyncWriteLatency, py::arg("engine"), py::arg("local"),
-        py::arg("segment"), py::arg("remote"), py::arg("length"), py::arg("iterations"));
+        py::arg("segment"), py::arg("remote"), py::arg("length"), py::arg("iterations"),
+        py::arg("pause_ns") = 0);
 }
