@@ -10,15 +10,19 @@ memory (host or GPU) of any two processes.
 Mooncake users: `from ferry.compat.mooncake import TransferEngine`.
 """
 
-from . import _ferry, errors
+from . import _ferry  # noqa: F401  (the extension; fails early if it is missing)
 from .buffers import Buffer, resolve
 from .engine import (READ, WRITE, BatchStatus, BufferInfo, Read, Request, RequestResult,
                      Segment, SegmentInfo, Transfer, TransferEngine, Write)
-from .errors import *  # noqa: F401,F403  one class per status code
-from .errors import FerryError, error_class
+from .errors import (AlreadyExists, Cancelled, ConnectionLost, FerryError, Internal,
+                     InvalidArgument, IoError, NotFound, NotSupported, OutOfRange,
+                     PeerRestarted, ProtocolError, ResourceExhausted, Timeout, Unavailable,
+                     error_class)
 
 __all__ = [
-    "READ", "WRITE", "BatchStatus", "Buffer", "BufferInfo", "FerryError", "Read", "Request",
-    "RequestResult", "Segment", "SegmentInfo", "Transfer", "TransferEngine", "Write",
-    "error_class", "resolve",
-] + errors.__all__
+    "READ", "WRITE", "BatchStatus", "Buffer", "BufferInfo", "Read", "Request", "RequestResult",
+    "Segment", "SegmentInfo", "Transfer", "TransferEngine", "Write", "resolve",
+    "FerryError", "error_class", "InvalidArgument", "NotFound", "AlreadyExists", "OutOfRange",
+    "Timeout", "Cancelled", "ConnectionLost", "ProtocolError", "NotSupported",
+    "ResourceExhausted", "Unavailable", "PeerRestarted", "IoError", "Internal",
+]
