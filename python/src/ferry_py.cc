@@ -35,6 +35,10 @@ using Millis = std::chrono::milliseconds;
   throw py::error_already_set();
 }
 
+[[noreturn]] void RaiseInvalid(std::string message) {
+  Raise(ferry::Status(ferry::StatusCode::kInvalidArgument, std::move(message)));
+}
+
 void Check(const ferry::Status& st) {
   if (!st.ok()) Raise(st);
 }
@@ -62,7 +66,7 @@ std::vector<ferry::Request> ToRequests(const std::vector<RequestTuple>& in) {
   std::vector<ferry::Request> out;
   out.reserve(in.size());
   for (const auto& [op, local, segment, remote, length] : in) {
-    if (op != 0 && op != 1) throw py::value_error("op must be 0 (read) or 1 (write)");
+    if (op != 0 && op != 1) RaiseInvalid("op must be 0 (read) or 1 (write)");
     out.push_back({static_cast<ferry::Op>(op), Ptr(local), segment, remote, length});
   }
   return out;
@@ -84,7 +88,7 @@ class PyBatch {
     engine_.reset();
   }
   const ferry::Batch& Get() const {
-    if (!batch_) throw py::value_error("the batch is closed");
+    if (!batch_) RaiseInvalid("the batch is closed");
     return *batch_;
   }
   ferry::Batch& Get() { return const_cast<ferry::Batch&>(std::as_const(*this).Get()); }
@@ -105,7 +109,7 @@ class PyEngine {
     engine_.reset();
   }
   ferry::Engine& Get() const {
-    if (!engine_) throw py::value_error("the engine is closed");
+    if (!engine_) RaiseInvalid("the engine is closed");
     return *engine_;
   }
   const std::shared_ptr<ferry::Engine>& Shared() const {
@@ -122,7 +126,7 @@ std::unique_ptr<PyEngine> CreateEngine(const std::string& host, int port,
                                        int tcp_lanes, uint64_t tcp_chunk_bytes,
                                        int tcp_chunks_in_flight, int io_threads, int copy_threads,
                                        int64_t request_timeout_ms, int64_t connect_timeout_ms) {
-  if (port < 0 || port > 65535) throw py::value_error("port must be in [0, 65535]");
+  if (port < 0 || port > 65535) RaiseInvalid("port must be in [0, 65535]");
   ferry::EngineOptions o;
   o.host = host;
   o.port = static_cast<uint16_t>(port);
@@ -202,7 +206,7 @@ PYBIND11_MODULE(_ferry, m) {
       [](py::buffer b, bool writable) {
         py::buffer_info info = b.request(writable);
         if (!PyBuffer_IsContiguous(info.view(), 'C')) {
-          throw py::value_error("the buffer is not C-contiguous");
+          RaiseInvalid("the buffer is not C-contiguous");
         }
         return std::make_pair(Addr(info.ptr), static_cast<uint64_t>(info.size * info.itemsize));
       },

@@ -170,6 +170,23 @@ def test_partly_out_of_range_write_changes_nothing(spawn_peer):
     assert peer.digest("numpy", 0, SIZE) == before
 
 
+def test_closed_engine_and_handle_raise(spawn_peer):
+    peer = spawn_peer("--transport", "tcp")
+    engine = ferry.TransferEngine(transport="tcp")
+    data = pattern(9, 4096)
+    handle = engine.write_async(peer.name, data, peer.buffers["numpy"])
+    engine.close()  # the engine lives on until its last handle is freed
+    assert handle.wait(30)
+    assert peer.digest("numpy", 0, 4096) == sha(data)
+    handle.close()
+    with pytest.raises(ferry.InvalidArgument, match="batch is closed"):
+        handle.poll()
+    with pytest.raises(ferry.InvalidArgument, match="engine is closed"):
+        engine.write(peer.name, data, peer.buffers["numpy"])
+    with pytest.raises(ferry.InvalidArgument, match="port"):
+        ferry.TransferEngine(port=70000)
+
+
 def test_error_class_per_status_code():
     seen = set()
     for code in range(1, 15):
