@@ -31,6 +31,8 @@ if ! includes="$("$py" -m pybind11 --includes 2>/dev/null)"; then
   # headers come from sysconfig.
   includes="-I$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
 fi
+# Warnings in pybind11's or Python's headers are theirs, not ours.
+includes="${includes//-I/-isystem }"
 suffix="$("$py" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"
 
 # A carried library may lack its unversioned name: link it by file name.
@@ -48,8 +50,10 @@ cp -r "$root/python/ferry/." "$outdir/ferry/"
 # RPATH rather than RUNPATH, so that libspdlog finds the libfmt beside it too.
 spdlog="$(shared_lib spdlog)"
 fmt="$(shared_lib fmt)"
+# Warnings fail the CMake build (-Werror); here, on whatever compiler the machine
+# has, they are reported but do not stop the build.
 set -x
-"$cxx" -std=c++20 -O2 -fPIC -shared -fvisibility=hidden -Wall -Wextra -Werror \
+"$cxx" -std=c++20 -O2 -fPIC -shared -fvisibility=hidden -Wall -Wextra \
   -I"$root/include" $includes "$root/python/src/ferry_py.cc" \
   -o "$outdir/ferry/_ferry$suffix" \
   -Wl,--whole-archive "$libdir/libferry.a" -Wl,--no-whole-archive \
