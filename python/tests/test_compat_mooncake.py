@@ -29,6 +29,9 @@ def test_initialize_conventions():
     assert 0 < port < 65536 and te.get_local_session_id() == f"127.0.0.1:{port}"
     assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == -1  # only once
 
+    for bad in ("a:b", "127.0.0.1:99999"):
+        assert TransferEngine().initialize(bad, "P2PHANDSHAKE", "tcp", "") == -1
+
     uninitialized = TransferEngine()
     assert uninitialized.register_memory(addr(bytearray(16)), 16) == -1
     assert uninitialized.transfer_sync_write("127.0.0.1:1", 1, 1, 1) == -1

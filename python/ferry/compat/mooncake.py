@@ -82,13 +82,12 @@ class TransferEngine:
         if host == "localhost":
             host = "127.0.0.1"
         transport = proto if proto in _FORCED_PROTOCOLS else None
-        # Mooncake's MC_TRANSFER_TIMEOUT (seconds) bounds each transfer.
-        timeout = float(os.environ["MC_TRANSFER_TIMEOUT"]) if os.environ.get(
-            "MC_TRANSFER_TIMEOUT") else None
 
         def create() -> None:
+            # Mooncake's MC_TRANSFER_TIMEOUT (seconds) bounds each transfer.
+            timeout = os.environ.get("MC_TRANSFER_TIMEOUT")
             self._engine = _Engine(host, int(port or 0), transport=transport,
-                                   request_timeout=timeout)
+                                   request_timeout=float(timeout) if timeout else None)
 
         return _status("initialize", create)
 
