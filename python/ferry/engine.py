@@ -115,7 +115,9 @@ class Transfer:
         first (the batch goes on). Raises the first request's error. None waits
         until each request finishes or meets its own deadline."""
         if timeout is not None:
-            return self._batch.wait(_millis(timeout))
+            if timeout < 0:
+                raise InvalidArgument(f"a timeout cannot be negative, got {timeout}")
+            return self._batch.wait(round(timeout * 1000))
         while not self._batch.wait(_WAIT_SLICE_MS):
             pass
         return True
