@@ -24,7 +24,8 @@ class CMakeBuild(build_ext):
         build_dir = Path(self.build_temp).resolve() / "cmake"
         py_dir = build_dir / "python"
         args = ["-S", str(ROOT), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
-                "-DBUILD_TESTING=OFF", f"-DPython3_EXECUTABLE={sys.executable}",
+                "-DBUILD_TESTING=OFF", "-DFERRY_REQUIRE_PYTHON=ON",
+                f"-DPython3_EXECUTABLE={sys.executable}",
                 f"-DFERRY_PY_DIR={py_dir}"]
         if shutil.which("ninja"):
             args += ["-G", "Ninja"]
@@ -39,7 +40,9 @@ class CMakeBuild(build_ext):
         subprocess.check_call(["cmake", *args])
         subprocess.check_call(["cmake", "--build", str(build_dir), "--target", "_ferry",
                                "-j", jobs])
-        built = next((py_dir / "ferry").glob("_ferry*.so"))
+        built = next((py_dir / "ferry").glob("_ferry*.so"), None)
+        if built is None:
+            raise RuntimeError(f"CMake built no _ferry*.so in {py_dir / 'ferry'}")
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(built, target)
 
