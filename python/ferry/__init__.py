@@ -1,0 +1,28 @@
+"""Ferry from Python: one-sided, batched reads and writes between the registered
+memory (host or GPU) of any two processes.
+
+    import ferry
+    engine = ferry.TransferEngine(transport="tcp")
+    seg = engine.open_segment("127.0.0.1:41234")
+    engine.write(seg, numpy_array, remote_address)
+    handle = engine.submit([ferry.Read(buf, seg, remote_address)]); handle.wait()
+
+Mooncake users: `from ferry.compat.mooncake import TransferEngine`.
+"""
+
+from . import _ferry  # noqa: F401  (the extension; fails early if it is missing)
+from .buffers import Buffer, resolve
+from .engine import (READ, WRITE, BatchStatus, BufferInfo, Read, Request, RequestResult,
+                     Segment, SegmentInfo, Transfer, TransferEngine, Write)
+from .errors import (AlreadyExists, Cancelled, ConnectionLost, FerryError, Internal,
+                     InvalidArgument, IoError, NotFound, NotSupported, OutOfRange,
+                     PeerRestarted, ProtocolError, ResourceExhausted, Timeout, Unavailable,
+                     error_class)
+
+__all__ = [
+    "READ", "WRITE", "BatchStatus", "Buffer", "BufferInfo", "Read", "Request", "RequestResult",
+    "Segment", "SegmentInfo", "Transfer", "TransferEngine", "Write", "resolve",
+    "FerryError", "error_class", "InvalidArgument", "NotFound", "AlreadyExists", "OutOfRange",
+    "Timeout", "Cancelled", "ConnectionLost", "ProtocolError", "NotSupported",
+    "ResourceExhausted", "Unavailable", "PeerRestarted", "IoError", "Internal",
+]
