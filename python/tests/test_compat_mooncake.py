@@ -119,15 +119,21 @@ def test_transfers_between_processes(spawn_peer, protocol):
     assert te.get_first_buffer_address(target) == min(peer.buffers.values())
 
 
-def test_on_cuda_forms_refuse_host_memory(spawn_peer):
-    """Stream-ordered transfers serve GPU memory; host memory is refused up front
-    (Mooncake would enqueue a host function)."""
+def test_on_cuda_forms_with_host_memory(spawn_peer):
+    """Stream-ordered transfers of host memory: with a GPU they are ordered on the
+    stream by a signal and a wait (no host function); without one they are refused
+    up front with NotSupported."""
     peer = spawn_peer("--api", "mooncake", "--transport", "tcp")
     te = TransferEngine()
     assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
-    src = np.zeros(4096, np.uint8)
-    with pytest.raises(ferry.FerryError):
+    src = pattern(12, 4096)
+    try:
         te.transfer_write_on_cuda(peer.name, addr(src), peer.buffers["numpy"], 4096, 0)
+    except ferry.NotSupported as e:
+        assert "need a GPU" in str(e)
+    else:
+        te.check_cuda_transfers(timeout=30)
+        assert peer.digest("numpy", 0, 4096) == sha(src)
     with pytest.raises(ferry.InvalidArgument):
         te.batch_transfer_read_on_cuda(peer.name, [addr(src)], [], [4096])
     te.check_cuda_transfers(timeout=5)  # nothing pending, nothing failed

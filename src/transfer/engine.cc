@@ -478,12 +478,21 @@ class Engine::Impl {
       auto [transport, ep] = route.value();
       if (sides.device() >= 0) {
         auto mapped = ep->MapForStream(r.remote, r.length);
+        TransportKind via = transport->caps().kind;
+        if (!mapped.ok() && sides.remote >= 0 && InThisProcess(*seg)) {
+          // GPU memory of another engine of this process: relaying would make
+          // the stream's wait depend on that engine's GPU copy, which R5
+          // forbids (it deadlocks under lazy loading). The address is ours:
+          // copy on the caller's stream, whatever transport is forced.
+          mapped = reinterpret_cast<void*>(r.remote);
+          via = TransportKind::kLocal;
+        }
         if (mapped.ok()) {
           const bool write = r.op == Op::kWrite;
           copies.push_back(
               {write ? mapped.value() : r.local, write ? r.local : mapped.value(), r.length});
           copied.push_back(i);
-          state->Plan(i, 1, transport->caps().kind);
+          state->Plan(i, 1, via);
           continue;
         }
       }
@@ -659,6 +668,14 @@ class Engine::Impl {
     return Status(StatusCode::kOutOfRange,
                   fmt::format("0x{:x}+{} is not inside one registered buffer of {}", r.remote,
                               r.length, seg.name()));
+  }
+
+  // Whether the segment's memory is this process's: our own segment, or
+  // another engine's in this process.
+  static bool InThisProcess(const Segment& seg) {
+    if (seg.is_self()) return true;
+    auto d = seg.descriptor();
+    return d && d->pid == static_cast<uint32_t>(getpid()) && d->host_id == HostIdentity();
   }
 
   // Where a request's GPU memory is: each side's device, -1 for host memory.
