@@ -8,7 +8,7 @@
 namespace ferry {
 
 namespace {
-constexpr uint32_t kDescriptorMagic = 0x43534446;  // "FDSC"
+constexpr uint32_t kDescriptorMagic = 0x32534446;  // "FDS2"
 constexpr size_t kMaxString = 256;
 constexpr size_t kMaxIpcHandle = 64;
 constexpr uint64_t kMinRegionBytes = 8 + 8 + 4 + 1 + 4 + 4 + 8;
@@ -34,6 +34,8 @@ std::vector<uint8_t> EncodeDescriptor(const SegmentDescriptor& d) {
   w.U64(d.epoch);
   w.Str(d.host_id);
   w.U32(d.pid);
+  w.U64(d.generation);
+  w.I32(d.control_memfd);
   w.U32(static_cast<uint32_t>(d.transports.size()));
   for (const auto& t : d.transports) w.Str(t);
   w.U32(static_cast<uint32_t>(d.regions.size()));
@@ -60,6 +62,8 @@ Result<SegmentDescriptor> DecodeDescriptor(const uint8_t* data, size_t size) {
   d.epoch = r.U64();
   d.host_id = r.Str(kMaxString);
   d.pid = r.U32();
+  d.generation = r.U64();
+  d.control_memfd = r.I32();
   uint32_t nt = r.U32();
   if (!r.ok() || nt > 16) return bad("transport list");
   for (uint32_t i = 0; i < nt; ++i) d.transports.push_back(r.Str(kMaxString));

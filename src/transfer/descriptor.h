@@ -1,6 +1,6 @@
 // A segment descriptor: what a peer needs to reach this process's memory.
 // Fetched over the listener (p2p metadata) and cached by the peer until the
-// epoch changes.
+// epoch changes or, for same-host peers, the owner unregisters memory.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +25,10 @@ struct SegmentDescriptor {
   uint64_t epoch = 0;   // random per process start, never 0
   std::string host_id;  // see HostIdentity()
   uint32_t pid = 0;
+  // The owner's registration generation when this was made, and the memfd of
+  // the page where it counts on (same-host peers map it: segment.h).
+  uint64_t generation = 0;
+  int32_t control_memfd = -1;
   std::vector<std::string> transports;  // what the owner serves, e.g. "tcp", "shm"
   std::vector<RegionDesc> regions;      // sorted by addr, non-overlapping
 

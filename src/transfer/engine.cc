@@ -120,6 +120,8 @@ class Engine::Impl {
     for (const Region& r : registry_.Snapshot()) {
       if (r.owned) ReleaseOwned(r);
     }
+    if (generation_ != nullptr) munmap(generation_, 4096);
+    if (generation_fd_ >= 0) close(generation_fd_);
   }
 
   Status Init() {
@@ -156,6 +158,7 @@ class Engine::Impl {
       relay_ = StreamRelay::Create(copier_.get(), 4, 8 * options_.tcp_chunk_bytes,
                                    options_.request_timeout);
     }
+    FERRY_RETURN_IF_ERROR(MakeGenerationPage());
     copy_pool_ = std::make_unique<ThreadPool>(options_.copy_threads);
     Listener::Config cfg;
     cfg.host = options_.host;
@@ -197,6 +200,9 @@ class Engine::Impl {
     d.epoch = epoch_;
     d.host_id = HostIdentity();
     d.pid = static_cast<uint32_t>(getpid());
+    // Read before the regions: a removal in between only costs peers a refresh.
+    d.generation = __atomic_load_n(generation_, __ATOMIC_ACQUIRE);
+    d.control_memfd = generation_fd_;
     d.transports = {"tcp"};
     if (options_.transport != "tcp") d.transports.push_back("shm");
     if (copier_ && options_.transport != "tcp") d.transports.push_back("cuda_ipc");
@@ -220,7 +226,9 @@ class Engine::Impl {
         r.ipc_offset = r.addr - info.alloc_base;
       }
     }
-    return registry_.Add(r);
+    FERRY_RETURN_IF_ERROR(registry_.Add(r));
+    BumpGeneration();
+    return Status::Ok();
   }
 
   Status UnregisterMemory(void* addr) {
@@ -232,6 +240,7 @@ class Engine::Impl {
       return Status(StatusCode::kInvalidArgument,
                     "memory from AllocateMemory is freed by FreeMemory");
     }
+    BumpGeneration();
     return Status::Ok();
   }
 
@@ -264,6 +273,7 @@ class Engine::Impl {
       ReleaseOwned(r);
       return st;
     }
+    BumpGeneration();
     return p;
   }
 
@@ -274,6 +284,7 @@ class Engine::Impl {
       (void)registry_.Add(r.value());
       return Status(StatusCode::kInvalidArgument, "memory not from AllocateMemory");
     }
+    BumpGeneration();
     ReleaseOwned(r.value());
     return Status::Ok();
   }
@@ -294,6 +305,7 @@ class Engine::Impl {
       std::lock_guard lk(segments_mu_);
       id = next_segment_++;
       seg = std::make_shared<Segment>(id, std::string(name), addr.host, addr.port, self);
+      seg->WatchGeneration(*desc, HostIdentity());
       seg->set_descriptor(std::move(desc));
       segments_[id] = seg;
     }
@@ -322,6 +334,7 @@ class Engine::Impl {
       fresh = std::make_shared<SegmentDescriptor>(std::move(d).value());
     }
     auto old = seg.descriptor();
+    seg.WatchGeneration(*fresh, HostIdentity());
     seg.set_descriptor(fresh);
     if (old && old->epoch != fresh->epoch) {
       FERRY_LOG_WARN("segment {} restarted (epoch {:x} -> {:x}); cache refreshed", seg.name(),
@@ -333,6 +346,14 @@ class Engine::Impl {
         seg.endpoints.clear();
       }
       for (auto& ep : eps) ep->Close();
+    } else if (old && old->generation != fresh->generation) {
+      // Registrations changed. shm maps buffers from the descriptor it was
+      // made with: drop it, so the next request maps afresh; work in flight
+      // keeps the old endpoint, and its mappings, until done. cuda_ipc keeps
+      // its imports until the segment closes or the peer restarts.
+      std::lock_guard lk(seg.endpoints_mu);
+      std::erase_if(seg.endpoints,
+                    [](const auto& e) { return e.first->caps().kind == TransportKind::kShm; });
     }
     return Status::Ok();
   }
@@ -452,7 +473,7 @@ class Engine::Impl {
     FERRY_RETURN_IF_ERROR(Validate(reqs, &segs));
     FERRY_RETURN_IF_ERROR(copier_->CheckStream(stream));
     for (auto& [id, seg] : segs) {
-      if (seg->TakeStale()) FERRY_RETURN_IF_ERROR(Refresh(*seg));
+      if (seg->TakeStale() || seg->Outdated()) FERRY_RETURN_IF_ERROR(Refresh(*seg));
     }
     struct Copy {
       void* dst;
@@ -557,7 +578,7 @@ class Engine::Impl {
     // Route every request first, then plan every task, then post: a task that
     // completes early must never see its request's count unset.
     for (auto& [id, seg] : segs) {
-      if (seg->TakeStale()) {
+      if (seg->TakeStale() || seg->Outdated()) {
         Status st = Refresh(*seg);
         if (!st.ok()) stale_errors[id] = st;
       }
@@ -711,6 +732,21 @@ class Engine::Impl {
     return sides;
   }
 
+  // The registration generation lives in a page of its own memfd, which
+  // same-host peers map: every registration and removal bumps it, and their
+  // next submit sees the change with one load and refetches the descriptor.
+  Status MakeGenerationPage() {
+    generation_fd_ = memfd_create("ferry-generation", MFD_CLOEXEC);
+    if (generation_fd_ < 0) return Status::FromErrno(errno, "memfd_create");
+    if (ftruncate(generation_fd_, 4096) != 0) return Status::FromErrno(errno, "ftruncate");
+    void* p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, generation_fd_, 0);
+    if (p == MAP_FAILED) return Status::FromErrno(errno, "mmap");
+    generation_ = static_cast<uint64_t*>(p);
+    return Status::Ok();
+  }
+
+  void BumpGeneration() { __atomic_add_fetch(generation_, 1, __ATOMIC_RELEASE); }
+
   static void ReleaseOwned(const Region& r) {
     if (r.pinned) gpu::UnpinHost(reinterpret_cast<void*>(r.addr));
     munmap(reinterpret_cast<void*>(r.addr), r.length);
@@ -719,6 +755,8 @@ class Engine::Impl {
 
   EngineOptions options_;
   std::string forced_;
+  int generation_fd_ = -1;
+  uint64_t* generation_ = nullptr;  // the page's first word; see MakeGenerationPage
   bool has_gpu_ = false;
   uint64_t epoch_ = 0;
   std::string name_;

@@ -42,6 +42,15 @@ class Segment {
   void MarkStale() { stale_.store(true, std::memory_order_release); }
   bool TakeStale() { return stale_.exchange(false, std::memory_order_acq_rel); }
 
+  // Same-host peers: maps the owner's generation page named by `d` (once per
+  // owner process), so Outdated() can tell, with one load, that the owner
+  // has unregistered memory since `d` was made. Best effort: without the
+  // page, a stale range is still refused by the owner (tcp) or found
+  // missing at the next refresh.
+  void WatchGeneration(const SegmentDescriptor& d, const std::string& local_host_id);
+  bool Outdated() const;
+  ~Segment();
+
   // The engine's endpoint cache, one per transport.
   std::mutex endpoints_mu;
   std::map<const Transport*, std::shared_ptr<Endpoint>> endpoints;  // guarded by endpoints_mu
@@ -55,6 +64,9 @@ class Segment {
   mutable std::mutex mu_;
   std::shared_ptr<const SegmentDescriptor> desc_;  // guarded by mu_
   std::atomic<bool> stale_{false};
+  // The owner's generation counter, mapped; its epoch. Guarded by mu_.
+  const uint64_t* generation_ = nullptr;
+  uint64_t generation_epoch_ = 0;
 };
 
 }  // namespace ferry

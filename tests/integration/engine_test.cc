@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -207,6 +208,45 @@ TEST_P(EngineConformance, PartlyOutOfRangeWriteChangesNothing) {
 
 INSTANTIATE_TEST_SUITE_P(Transports, EngineConformance, ::testing::Values("tcp", "shm", "local"),
                          [](const auto& info) { return info.param; });
+
+// ---- registration changes at the target ----
+
+TEST(Registrations, UnregisteredMemoryIsRefusedAndNewMemoryIsReached) {
+  // The target is a second engine in this process, so the test can change its
+  // registrations; shm reaches it by process_vm, tcp through its listener.
+  for (std::string transport : {"", "tcp"}) {
+    SCOPED_TRACE("transport '" + transport + "'");
+    auto target = Engine::Create({}).value();
+    EngineOptions o;
+    o.transport = transport;
+    auto engine = Engine::Create(o).value();
+    std::vector<char> old_buf(1 << 20, 0), new_buf(1 << 20, 0), data(4096, 0x44);
+    ASSERT_TRUE(target->RegisterMemory(old_buf.data(), old_buf.size()).ok());
+    auto seg = engine->OpenSegment(target->name());
+    ASSERT_TRUE(seg.ok());
+    const uint64_t old_addr = reinterpret_cast<uint64_t>(old_buf.data());
+    ASSERT_TRUE(engine->Transfer({Op::kWrite, data.data(), seg.value(), old_addr, 4096}).ok());
+    EXPECT_EQ(old_buf[0], 0x44);
+
+    // Unregistered: refused before a byte moves, though the memory still exists.
+    ASSERT_TRUE(target->UnregisterMemory(old_buf.data()).ok());
+    std::fill(old_buf.begin(), old_buf.end(), 0x33);
+    Status st = engine->Transfer({Op::kWrite, data.data(), seg.value(), old_addr, 4096});
+    EXPECT_EQ(st.code(), StatusCode::kOutOfRange) << st.ToString();
+    EXPECT_EQ(std::count(old_buf.begin(), old_buf.end(), 0x33), static_cast<long>(old_buf.size()));
+
+    // Registered after the segment was opened: reached, by every transport.
+    ASSERT_TRUE(target->RegisterMemory(new_buf.data(), new_buf.size()).ok());
+    const uint64_t new_addr = reinterpret_cast<uint64_t>(new_buf.data());
+    auto b = engine->Submit(
+        std::vector<Request>{{Op::kWrite, data.data(), seg.value(), new_addr, 4096}});
+    ASSERT_TRUE(b.ok());
+    EXPECT_TRUE(b.value()->Wait(seconds(10)).ok());
+    EXPECT_EQ(b.value()->Result(0).transport,
+              transport == "tcp" ? TransportKind::kTcp : TransportKind::kShm);
+    EXPECT_EQ(new_buf[4095], 0x44);
+  }
+}
 
 // ---- transport selection ----
 

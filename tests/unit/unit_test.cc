@@ -104,6 +104,8 @@ SegmentDescriptor Sample() {
   d.epoch = 99;
   d.host_id = "boot/4026531836";
   d.pid = 1234;
+  d.generation = 0x0102030405060708;
+  d.control_memfd = 9;
   d.transports = {"tcp", "shm"};
   RegionDesc a, b;
   a.addr = 0x1000;
@@ -125,6 +127,8 @@ TEST(Descriptor, RoundTripAndLookup) {
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   EXPECT_EQ(d.value().epoch, 99u);
   EXPECT_EQ(d.value().host_id, "boot/4026531836");
+  EXPECT_EQ(d.value().generation, 0x0102030405060708u);
+  EXPECT_EQ(d.value().control_memfd, 9);
   EXPECT_EQ(d.value().regions.size(), 2u);
   EXPECT_EQ(d.value().regions[0].memfd, 7);
   EXPECT_EQ(d.value().regions[1].memfd, -1);
@@ -166,7 +170,7 @@ TEST(Descriptor, EveryTruncationAndCorruptionIsRejected) {
   auto zb = EncodeDescriptor(zero);
   EXPECT_FALSE(DecodeDescriptor(zb.data(), zb.size()).ok());
   // A region count far beyond the bytes present must not allocate or read past.
-  std::vector<uint8_t> huge = EncodeDescriptor(SegmentDescriptor{1, "h", 1, {}, {}});
+  std::vector<uint8_t> huge = EncodeDescriptor(SegmentDescriptor{1, "h", 1, 0, -1, {}, {}});
   huge[huge.size() - 1] = 0x7f;
   EXPECT_FALSE(DecodeDescriptor(huge.data(), huge.size()).ok());
 }
