@@ -261,7 +261,12 @@ std::vector<Result<size_t>> Store::Impl::Get(std::span<const std::string> keys,
   // Rounds: each item reads its next replica until one succeeds.
   std::vector<size_t> pending;
   for (size_t j = 0; j < found.size(); ++j) {
-    if (st[index[j]].ok()) pending.push_back(j);
+    if (!st[index[j]].ok()) continue;
+    if (deadline.Expired()) {
+      st[index[j]] = Status(StatusCode::kTimeout, "the lease ended before the read began");
+    } else {
+      pending.push_back(j);
+    }
   }
   for (size_t round = 0; !pending.empty(); ++round) {
     std::vector<Request> reqs;

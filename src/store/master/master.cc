@@ -112,7 +112,7 @@ void Master::DropNode(const std::string& node, uint64_t generation) {
     }
   }
   FERRY_COUNT(replicas_dropped, dropped);
-  FERRY_LOG_WARN("master: node {} gone; {} replicas dropped", node, dropped);
+  FERRY_LOG_INFO("master: node {} unmounted; {} replicas dropped", node, dropped);
 }
 
 void Master::Release(std::vector<Allocation> replicas, Clock::time_point until) {
@@ -344,6 +344,7 @@ void Master::Tick() {
   // Silent nodes.
   for (const auto& [node, gen] : space_.Expire(now - options_.node_ttl)) {
     FERRY_COUNT(nodes_expired, 1);
+    FERRY_LOG_WARN("master: node {} missed its heartbeat TTL; unmounting it", node);
     DropNode(node, gen);
   }
   // Background eviction between the watermarks.
