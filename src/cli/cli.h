@@ -13,6 +13,7 @@ struct ServeArgs {
   uint16_t port = 0;
   std::string transport;
   uint64_t alloc_bytes = 64 << 20;  // engine-allocated (memfd) memory
+  bool prefault = false;            // touch every page of it at start, as a store node does
   uint64_t heap_bytes = 0;          // plain heap memory, registered
   uint64_t gpu_bytes = 0;           // GPU memory on gpu_device, registered
   int gpu_device = 0;

@@ -78,6 +78,7 @@ int main(int argc, char** argv) {
   s->add_option("--transport", serve.transport, "Force tcp or shm");
   s->add_option("--alloc", serve_alloc, "Engine-allocated (memfd) bytes to expose");
   s->add_option("--heap", serve_heap, "Heap bytes to register and expose");
+  s->add_flag("--prefault", serve.prefault, "Touch every page of --alloc at start");
   s->add_option("--gpu-alloc", serve_gpu, "GPU bytes to register and expose");
   s->add_option("--gpu-device", serve.gpu_device, "The GPU of --gpu-alloc")
       ->check(CLI::Range(0, 63));

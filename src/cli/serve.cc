@@ -28,6 +28,7 @@ int Serve(const ServeArgs& args) {
       std::fprintf(stderr, "ferry serve: %s\n", p.status().ToString().c_str());
       return 1;
     }
+    if (args.prefault) std::memset(p.value(), 0, args.alloc_bytes);
     out["alloc"] = {{"addr", reinterpret_cast<uint64_t>(p.value())}, {"length", args.alloc_bytes}};
   }
   void* heap = nullptr;
