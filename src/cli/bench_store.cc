@@ -165,8 +165,12 @@ int BenchStore(const BenchStoreArgs& a) {
     // warm-up values take space the timed ones do not reuse.
     if (st.ok()) st = engine.value().Batch(Op::kWrite, src_bufs, batches).status();
     if (st.ok()) st = engine.value().Batch(Op::kRead, dst_bufs, batches).status();
-    if (st.ok()) st = redis.value()->Set(warm, src_spans).status();
-    if (st.ok()) st = redis.value()->Get(warm, dst_spans).status();
+    // Redis gets the same head start as the nodes' prefaulted memory: every
+    // key is set once, so the timed SETs overwrite into memory it has used.
+    for (int b = 0; b < batches && st.ok(); ++b) {
+      st = redis.value()->Set(keys_of("bench/", b), src_spans).status();
+    }
+    if (st.ok()) st = redis.value()->Get(keys_of("bench/", 0), dst_spans).status();
     if (!st.ok()) return Fail(st);
   }
 
@@ -181,28 +185,31 @@ int BenchStore(const BenchStoreArgs& a) {
     return r.status();
   };
   std::vector<std::string> all_keys;
+  // Odd batches run the engine first, so neither side always follows the other.
   for (int b = 0; b < batches; ++b) {
     auto keys = keys_of("bench/", b);
-    auto t0 = Clock::now();
     Status st;
+    if (b % 2 == 1) st = timed(eng_w, engine.value().Batch(Op::kWrite, src_bufs, b));
+    auto t0 = Clock::now();
     for (const auto& x : s.BatchPutFrom(keys, src_bufs)) st = x.ok() ? st : x;
     if (st.ok()) st = timed(put, SecondsSince(t0));
-    if (st.ok()) st = timed(eng_w, engine.value().Batch(Op::kWrite, src_bufs, b));
+    if (st.ok() && b % 2 == 0) st = timed(eng_w, engine.value().Batch(Op::kWrite, src_bufs, b));
     if (st.ok()) st = timed(red_set, redis.value()->Set(keys, src_spans));
     if (!st.ok()) return Fail(st);
     all_keys.insert(all_keys.end(), keys.begin(), keys.end());
   }
   for (int b = 0; b < batches; ++b) {
     auto keys = keys_of("bench/", b);
+    Status st;
+    if (b % 2 == 1) st = timed(eng_r, engine.value().Batch(Op::kRead, dst_bufs, b));
     std::memset(dst.data(), 0, span);
     auto t0 = Clock::now();
-    Status st;
     for (const auto& x : s.BatchGetInto(keys, dst_bufs)) st = x.ok() ? st : x.status();
     if (st.ok()) st = timed(get, SecondsSince(t0));
     if (st.ok() && std::memcmp(src.data(), dst.data(), span) != 0) {
       st = Status(StatusCode::kInternal, "a value read back from the store differs");
     }
-    if (st.ok()) st = timed(eng_r, engine.value().Batch(Op::kRead, dst_bufs, b));
+    if (st.ok() && b % 2 == 0) st = timed(eng_r, engine.value().Batch(Op::kRead, dst_bufs, b));
     if (st.ok()) st = timed(red_get, redis.value()->Get(keys, dst_spans));
     if (!st.ok()) return Fail(st);
   }

@@ -1,8 +1,7 @@
 #include "store/node/node.h"
 
-#include <cstring>
-
 #include "common/log.h"
+#include "common/prefault.h"
 
 namespace ferry::store {
 
@@ -25,7 +24,7 @@ Result<std::unique_ptr<StoreNode>> StoreNode::Start(Engine& engine, const NodeOp
   for (int i = 0; i < options.segments; ++i) {
     FERRY_ASSIGN_OR_RETURN(void* p, engine.AllocateMemory(options.segment_size));
     // Fault the pages in now, not on the first put that lands there.
-    std::memset(p, 0, options.segment_size);
+    Prefault(p, options.segment_size);
     node->regions_.emplace_back(reinterpret_cast<uint64_t>(p), options.segment_size);
   }
   Status first = node->MountOnce();
