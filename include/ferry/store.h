@@ -142,6 +142,8 @@ class Store {
   std::vector<Status> BatchExists(std::span<const std::string> keys);
   std::vector<Status> BatchRemove(std::span<const std::string> keys, bool force = false);
   std::vector<Result<ObjectLocation>> BatchLocate(std::span<const std::string> keys);
+  std::vector<Status> BatchPin(std::span<const std::string> keys, StorePin pin,
+                               std::chrono::milliseconds ttl = {});
 
   class Impl;
 

@@ -57,6 +57,9 @@ TEST_F(BadInput, KeysAndSizesThroughTheClient) {
   EXPECT_EQ(store_->Remove("unknown").code(), StatusCode::kNotFound);
   EXPECT_TRUE(store_->Put("dup", v).ok());
   EXPECT_EQ(store_->Put("dup", v).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(store_->Pin("unknown", StorePin::kHard).code(), StatusCode::kNotFound);
+  EXPECT_TRUE(store_->Pin("dup", StorePin::kSoft, std::chrono::seconds(5)).ok());
+  EXPECT_TRUE(store_->Pin("dup", StorePin::kNone).ok());
   // A batch reports each item on its own.
   std::vector<std::string> keys = {"dup", "", "unknown"};
   auto got = store_->BatchGet(keys);

@@ -236,7 +236,13 @@ std::vector<Result<size_t>> Store::Impl::Get(std::span<const std::string> keys,
     sizes[i] = loc.size;
     Sink& s = sinks[i];
     if (s.vec != nullptr) {
-      s.vec->resize(loc.size);
+      try {
+        s.vec->resize(loc.size);
+      } catch (const std::bad_alloc&) {
+        st[i] = Status(StatusCode::kResourceExhausted,
+                       "cannot allocate " + std::to_string(loc.size) + " bytes for the value");
+        continue;
+      }
       dst[j] = s.vec->data();
     } else if (s.cap < loc.size) {
       st[i] =
@@ -400,9 +406,7 @@ Result<ObjectLocation> Store::Locate(std::string_view key) {
 }
 
 Status Store::Pin(std::string_view key, StorePin pin, std::chrono::milliseconds ttl) {
-  FERRY_RETURN_IF_ERROR(CheckKey(key));
-  auto r = impl_->client->Pin({std::string(key)}, pin, ttl);
-  return r.ok() ? r.value()[0] : r.status();
+  return BatchPin(std::vector<std::string>{std::string(key)}, pin, ttl)[0];
 }
 
 std::vector<Status> Store::BatchPut(std::span<const std::string> keys,
@@ -460,7 +464,10 @@ std::vector<Result<size_t>> Store::BatchGetInto(std::span<const std::string> key
   return out;
 }
 
-std::vector<Status> Store::BatchExists(std::span<const std::string> keys) {
+// Validates the keys here, sends the valid ones in one master call, and maps
+// the answers back: one status per key, in order.
+template <typename F>
+static std::vector<Status> KeyCall(std::span<const std::string> keys, F&& call) {
   std::vector<Status> out(keys.size());
   std::vector<std::string> ask;
   std::vector<size_t> index;
@@ -472,26 +479,24 @@ std::vector<Status> Store::BatchExists(std::span<const std::string> keys) {
     }
   }
   if (ask.empty()) return out;
-  auto r = impl_->client->Exists(ask);
+  Result<std::vector<Status>> r = call(ask);
   for (size_t j = 0; j < ask.size(); ++j) out[index[j]] = r.ok() ? r.value()[j] : r.status();
   return out;
 }
 
+std::vector<Status> Store::BatchExists(std::span<const std::string> keys) {
+  return KeyCall(keys, [&](const std::vector<std::string>& k) { return impl_->client->Exists(k); });
+}
+
 std::vector<Status> Store::BatchRemove(std::span<const std::string> keys, bool force) {
-  std::vector<Status> out(keys.size());
-  std::vector<std::string> ask;
-  std::vector<size_t> index;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    out[i] = CheckKey(keys[i]);
-    if (out[i].ok()) {
-      ask.push_back(keys[i]);
-      index.push_back(i);
-    }
-  }
-  if (ask.empty()) return out;
-  auto r = impl_->client->Remove(ask, force);
-  for (size_t j = 0; j < ask.size(); ++j) out[index[j]] = r.ok() ? r.value()[j] : r.status();
-  return out;
+  return KeyCall(
+      keys, [&](const std::vector<std::string>& k) { return impl_->client->Remove(k, force); });
+}
+
+std::vector<Status> Store::BatchPin(std::span<const std::string> keys, StorePin pin,
+                                    std::chrono::milliseconds ttl) {
+  return KeyCall(
+      keys, [&](const std::vector<std::string>& k) { return impl_->client->Pin(k, pin, ttl); });
 }
 
 std::vector<Result<ObjectLocation>> Store::BatchLocate(std::span<const std::string> keys) {
