@@ -5,16 +5,22 @@
 namespace ferry::cli {
 namespace {
 
-// Spawns `argv` and parses its first stdout line as a JSON object.
+// Spawns `argv` and waits up to 20 s for its JSON line on stdout. Other lines
+// (log lines also go to stdout) are skipped.
 Result<nlohmann::json> SpawnReady(const std::vector<std::string>& argv,
                                   std::unique_ptr<Subprocess>* proc) {
   FERRY_ASSIGN_OR_RETURN(*proc, Subprocess::Spawn(argv, true));
-  FERRY_ASSIGN_OR_RETURN(std::string line, (*proc)->ReadLine(std::chrono::seconds(20)));
-  auto j = nlohmann::json::parse(line, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) {
-    return Status(StatusCode::kInternal, argv[1] + " said: " + line);
+  Deadline deadline = Deadline::After(std::chrono::seconds(20));
+  for (;;) {
+    auto left = std::chrono::duration_cast<Millis>(deadline.Remaining());
+    FERRY_ASSIGN_OR_RETURN(std::string line, (*proc)->ReadLine(left));
+    if (line.empty() || line[0] != '{') continue;
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) {
+      return Status(StatusCode::kInternal, argv[1] + " said: " + line);
+    }
+    return j;
   }
-  return j;
 }
 
 }  // namespace
