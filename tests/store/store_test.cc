@@ -8,6 +8,7 @@
 #include <set>
 #include <thread>
 
+#include "store/client/master_client.h"
 #include "store_cluster.h"
 
 namespace ferry::test {
@@ -218,6 +219,88 @@ TEST(Store, MasterRestartNodesMountAgainAndClientsRecover) {
   two.replicas = 2;  // both nodes are back
   EXPECT_TRUE(Eventually([&] { return s.value()->Put("both", Pattern(10, 3), two).ok(); }));
   EXPECT_EQ(s.value()->Exists("before").code(), StatusCode::kNotFound);
+}
+
+TEST(Store, ConcurrentClientsUnderEvictionSeeOnlyWholeValues) {
+  // Short leases: each get fences its value's space for the lease, so forced
+  // removes of values just read hold memory until their leases end. A put may
+  // then find all free space fenced and nothing evictable: ResourceExhausted,
+  // with the fenced bytes in the message, is a correct answer here.
+  auto c = StartCluster(2, "8MiB", {"--lease-ms", "200", "--write-grace-ms", "50"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  constexpr int kThreads = 4, kOps = 40;
+  std::vector<std::unique_ptr<Store>> clients;
+  for (int t = 0; t < kThreads; ++t) {
+    auto s = Client(c.value().master.address);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    clients.push_back(std::move(s).value());
+  }
+  std::atomic<int> bad{0}, stored{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      Store& s = *clients[t];
+      for (int i = 0; i < kOps; ++i) {
+        // Keys shared between threads: each value is tagged by its seed, so a
+        // reader can tell a whole value of any writer from a torn one.
+        const int k = (t * 7 + i) % 24;
+        const std::string key = fmt::format("c/{}", k);
+        const uint64_t seed = static_cast<uint64_t>(k) * 1000 + static_cast<uint64_t>(t);
+        Status st = s.Put(key, Pattern(256 << 10, seed));
+        if (st.ok()) ++stored;
+        const bool fenced = st.code() == StatusCode::kResourceExhausted &&
+                            st.message().find("fenced") != std::string::npos;
+        if (!st.ok() && st.code() != StatusCode::kAlreadyExists && st.code() != StatusCode::kBusy &&
+            !fenced) {
+          ++bad;
+          ADD_FAILURE() << "put " << key << ": " << st.ToString();
+        }
+        auto got = s.Get(key);
+        if (got.ok()) {
+          bool whole = false;
+          for (int w = 0; w < kThreads && !whole; ++w) {
+            whole = got.value() == Pattern(256 << 10, static_cast<uint64_t>(k) * 1000 + w);
+          }
+          if (!whole) {
+            ++bad;
+            ADD_FAILURE() << "get " << key << " returned a torn or foreign value";
+          }
+        } else if (got.status().code() != StatusCode::kNotFound) {
+          ++bad;
+          ADD_FAILURE() << "get " << key << ": " << got.status().ToString();
+        }
+        if (i % 3 == 0) {
+          Status r = s.Remove(key, /*force=*/true);
+          if (!r.ok() && r.code() != StatusCode::kNotFound) {
+            ++bad;
+            ADD_FAILURE() << "remove " << key << ": " << r.ToString();
+          }
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_GT(stored.load(), kThreads * kOps / 4);
+}
+
+TEST(Store, AbandonedPutIsReclaimedByTheMaster) {
+  auto c = StartCluster(1, "4MiB", {"--put-timeout-ms", "300", "--write-grace-ms", "0"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto s = Client(c.value().master.address);
+  ASSERT_TRUE(s.ok());
+  // A client that begins a put of the whole node and disappears.
+  auto mc = store::MasterClient::Connect(c.value().master.address, Millis(5000));
+  ASSERT_TRUE(mc.ok());
+  auto begun =
+      mc.value()->PutBegin({{"abandoned", 4 << 20, 1, "", StorePin::kNone, Millis(0)}}, "", false);
+  ASSERT_TRUE(begun.ok() && begun.value()[0].status.ok());
+  mc.value().reset();
+  EXPECT_EQ(s.value()->Exists("abandoned").code(), StatusCode::kNotFound);
+  // Once reclaimed, its key and its space are free again.
+  EXPECT_TRUE(Eventually([&] { return s.value()->Put("abandoned", Pattern(4 << 20, 1)).ok(); }));
+  EXPECT_TRUE(Eventually(
+      [&] { return Metric(c.value().master.http_port, "ferry_store_puts_reclaimed_total") == 1; }));
 }
 
 TEST(Store, MetricsAndHealthOverHttp) {

@@ -155,7 +155,15 @@ Result<PutGrant> Master::PutBegin(const PutSpec& spec, const std::string& client
     if (Evict(OffsetAllocator::RoundUp(spec.size) * spec.replicas, /*soft=*/true) == 0) break;
     alloc = space_.Allocate(p);
   }
-  if (!alloc.ok()) return alloc.status();
+  if (!alloc.ok()) {
+    if (alloc.status().code() != StatusCode::kResourceExhausted) return alloc.status();
+    const MasterStats st = Stats();
+    return Status(
+        StatusCode::kResourceExhausted,
+        fmt::format("{}: {} of {} bytes in use, {} fenced by leases or write grace, "
+                    "nothing evictable",
+                    alloc.status().message(), st.space.used, st.space.capacity, st.deferred_bytes));
+  }
   const auto now = Clock::now();
   Object obj;
   obj.size = spec.size;
