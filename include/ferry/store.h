@@ -12,7 +12,8 @@
 // fetches the locations with a read lease and reads one replica: a replica in
 // this process by memcpy, others through the engine. A read that outlives its
 // lease fails with Timeout instead of returning bytes that may have been
-// reused. Every network call has a deadline.
+// reused; once its reads are done a get ends its leases. Every network call
+// has a deadline.
 //
 // Thread safety: every method may be called from any thread.
 #pragma once
@@ -125,7 +126,8 @@ class Store {
   Status Remove(std::string_view key, bool force = false);
   // Pins or unpins (StorePin::kNone) a complete object.
   Status Pin(std::string_view key, StorePin pin, std::chrono::milliseconds ttl = {});
-  // Locations of a complete object, granting a read lease.
+  // Locations of a complete object, granting a read lease that runs its full
+  // term (ObjectLocation::lease): the space is not reused before it ends.
   Result<ObjectLocation> Locate(std::string_view key);
 
   // Batch forms: one result per key, in order; all items share each master

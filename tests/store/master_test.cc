@@ -83,6 +83,24 @@ TEST(Master, LeaseRefusesRemoveUnlessForcedAndFencesTheSpace) {
   EXPECT_TRUE(Put(m, "x", 4096).ok());
 }
 
+TEST(Master, ReleasedLeasesNoLongerFence) {
+  MasterOptions o = Fast();
+  o.lease = Millis(60000);
+  Master m(o);
+  ASSERT_TRUE(m.Mount("n:1", {{kBase, 4096}}).ok());
+  ASSERT_TRUE(Put(m, "k", 4096).ok());
+  auto a = m.Get("k");
+  auto b = m.Get("k");
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_NE(a.value().lease_id, b.value().lease_id);
+  ASSERT_TRUE(m.ReleaseLease("k", a.value().lease_id).ok());
+  EXPECT_EQ(m.ReleaseLease("k", a.value().lease_id).code(), StatusCode::kNotFound);
+  EXPECT_EQ(m.Remove("k", false).code(), StatusCode::kBusy);  // b still reads
+  ASSERT_TRUE(m.ReleaseLease("k", b.value().lease_id).ok());
+  ASSERT_TRUE(m.Remove("k", false).ok());
+  EXPECT_TRUE(Put(m, "x", 4096).ok());  // the space was freed at once
+}
+
 TEST(Master, SyncEvictionTakesLeastRecentlyUsedAndSparesLeasedAndPinned) {
   MasterOptions o = Fast();
   o.lease = Millis(60000);

@@ -237,9 +237,26 @@ Result<std::vector<GetItem>> MasterClient::Get(const std::vector<std::string>& k
           out[i].location.size = r.size();
           out[i].location.replicas = std::move(reps).value();
           out[i].location.lease = Millis(std::min<uint64_t>(r.lease_ms(), 24ull * 3600 * 1000));
+          out[i].lease_id = r.lease_id();
         }
         return out;
       });
+}
+
+Result<std::vector<Status>> MasterClient::ReleaseLeases(
+    const std::vector<std::pair<std::string, uint64_t>>& leases) {
+  return Chunked<Status>(leases.size(), [&](size_t first, size_t count) {
+    pb::ReleaseRequest req;
+    for (size_t i = first; i < first + count; ++i) {
+      auto* it = req.add_items();
+      it->set_key(leases[i].first);
+      it->set_lease_id(leases[i].second);
+    }
+    pb::StatusesResponse resp;
+    auto ctx = Context(impl_->timeout);
+    Status st = FromGrpc(impl_->stub->ReleaseLeases(ctx.get(), req, &resp), "ReleaseLeases");
+    return st.ok() ? Statuses(resp, count) : Result<std::vector<Status>>(st);
+  });
 }
 
 Result<std::vector<Status>> MasterClient::Exists(const std::vector<std::string>& keys) {

@@ -39,6 +39,7 @@ struct PutEndItem {
 struct GetItem {
   Status status;
   ObjectLocation location;
+  uint64_t lease_id = 0;
 };
 
 class MasterClient {
@@ -62,6 +63,9 @@ class MasterClient {
                                              const std::string& client_node, bool prefer_local);
   Result<std::vector<Status>> PutEnd(const std::vector<PutEndItem>& items);
   Result<std::vector<GetItem>> Get(const std::vector<std::string>& keys);
+  // Ends leases from Get early: (key, lease id) pairs.
+  Result<std::vector<Status>> ReleaseLeases(
+      const std::vector<std::pair<std::string, uint64_t>>& leases);
   Result<std::vector<Status>> Exists(const std::vector<std::string>& keys);
   Result<std::vector<Status>> Remove(const std::vector<std::string>& keys, bool force);
   Result<std::vector<Status>> Pin(const std::vector<std::string>& keys, StorePin pin, Millis ttl);

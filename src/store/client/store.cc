@@ -311,6 +311,17 @@ std::vector<Result<size_t>> Store::Impl::Get(std::span<const std::string> keys,
   }
   // The lease is what kept the bytes from being reused while we read them.
   const bool late = deadline.Expired();
+  // Done reading: end the leases now rather than at their term, so that the
+  // space can be evicted or the key removed. Best effort: they end anyway.
+  std::vector<std::pair<std::string, uint64_t>> leases;
+  for (size_t j = 0; j < found.size(); ++j) {
+    if (found[j].status.ok()) leases.emplace_back(keys[index[j]], found[j].lease_id);
+  }
+  if (!leases.empty()) {
+    auto rel = client->ReleaseLeases(leases);
+    if (!rel.ok())
+      FERRY_LOG_WARN("store: ending {} leases: {}", leases.size(), rel.status().ToString());
+  }
   std::vector<Result<size_t>> out;
   out.reserve(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {

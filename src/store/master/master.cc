@@ -103,7 +103,7 @@ void Master::DropNode(const std::string& node, uint64_t generation) {
       dropped += before - reps.size();
       // An object being written loses its all-or-nothing promise with a replica.
       if (reps.empty() || (!it->second.complete && reps.size() != before)) {
-        Release(std::move(reps), Clock::now() + options_.write_grace);
+        FreeLater(std::move(reps), Clock::now() + options_.write_grace);
         it = shard->objects.erase(it);
         --objects_;
       } else {
@@ -115,7 +115,7 @@ void Master::DropNode(const std::string& node, uint64_t generation) {
   FERRY_LOG_INFO("master: node {} unmounted; {} replicas dropped", node, dropped);
 }
 
-void Master::Release(std::vector<Allocation> replicas, Clock::time_point until) {
+void Master::FreeLater(std::vector<Allocation> replicas, Clock::time_point until) {
   if (until <= Clock::now()) {
     for (const auto& a : replicas) space_.Free(a);
     return;
@@ -177,7 +177,7 @@ Result<PutGrant> Master::PutBegin(const PutSpec& spec, const std::string& client
     std::lock_guard lock(shard.mu);
     auto [it, inserted] = shard.objects.try_emplace(spec.key, obj);
     if (!inserted) {  // lost a race with another put of the same key
-      Release(std::move(obj.replicas), now);
+      FreeLater(std::move(obj.replicas), now);
       return Status(StatusCode::kBusy, "another put of this key is open");
     }
     ++objects_;
@@ -202,7 +202,7 @@ Status Master::PutEnd(const std::string& key, uint64_t put_id, bool commit) {
     FERRY_COUNT(puts_committed, 1);
     return Status::Ok();
   }
-  Release(std::move(it->second.replicas), now + options_.write_grace);
+  FreeLater(std::move(it->second.replicas), now + options_.write_grace);
   shard.objects.erase(it);
   --objects_;
   FERRY_COUNT(puts_aborted, 1);
@@ -220,10 +220,35 @@ Result<GetGrant> Master::Get(const std::string& key) {
     return Status(StatusCode::kNotFound, "no such key");
   }
   const auto now = Clock::now();
-  it->second.lease_until = std::max(it->second.lease_until, now + options_.lease);
+  const uint64_t lease_id = next_lease_id_++;
+  (void)it->second.LeaseEnd(now);  // drop ended leases before adding one
+  it->second.leases.emplace_back(lease_id, now + options_.lease);
   it->second.last_access = now;
   FERRY_COUNT(gets, 1);
-  return GetGrant{it->second.size, it->second.replicas, options_.lease};
+  return GetGrant{it->second.size, it->second.replicas, options_.lease, lease_id};
+}
+
+Status Master::ReleaseLease(const std::string& key, uint64_t lease_id) {
+  FERRY_RETURN_IF_ERROR(CheckKey(key));
+  Shard& shard = ShardOf(key);
+  std::lock_guard lock(shard.mu);
+  auto it = shard.objects.find(key);
+  if (it != shard.objects.end()) {
+    auto& l = it->second.leases;
+    auto pos = std::find_if(l.begin(), l.end(), [&](const auto& x) { return x.first == lease_id; });
+    if (pos != l.end()) {
+      l.erase(pos);
+      return Status::Ok();
+    }
+  }
+  return Status(StatusCode::kNotFound, "no such lease (ended, or the key is gone)");
+}
+
+Clock::time_point Master::Object::LeaseEnd(Clock::time_point now) {
+  Clock::time_point end{};
+  std::erase_if(leases, [&](const auto& x) { return x.second <= now; });
+  for (const auto& x : leases) end = std::max(end, x.second);
+  return end;
 }
 
 Status Master::Exists(const std::string& key) {
@@ -247,9 +272,10 @@ Status Master::Remove(const std::string& key, bool force) {
   Object& o = it->second;
   const auto now = Clock::now();
   if (!force && !o.complete) return Status(StatusCode::kBusy, "the key is being written");
-  if (!force && o.lease_until > now) return Status(StatusCode::kBusy, "the key is leased");
-  auto until = o.complete ? o.lease_until : now + options_.write_grace;
-  Release(std::move(o.replicas), until);
+  const auto lease_end = o.LeaseEnd(now);
+  if (!force && lease_end > now) return Status(StatusCode::kBusy, "the key is leased");
+  auto until = o.complete ? lease_end : now + options_.write_grace;
+  FreeLater(std::move(o.replicas), until);
   shard.objects.erase(it);
   --objects_;
   FERRY_COUNT(removes, 1);
@@ -276,14 +302,14 @@ uint64_t Master::Evict(uint64_t bytes, bool soft) {
     std::string key;
   };
   const auto now = Clock::now();
-  auto evictable = [&](const Object& o, bool* soft_pinned) {
+  auto evictable = [&](Object& o, bool* soft_pinned) {
     *soft_pinned = o.pin == Pin::kSoft && o.pin_until > now;
-    return o.complete && o.lease_until <= now && o.pin != Pin::kHard && (soft || !*soft_pinned);
+    return o.complete && o.pin != Pin::kHard && (soft || !*soft_pinned) && o.LeaseEnd(now) <= now;
   };
   std::vector<Candidate> cands;
   for (auto& shard : shards_) {
     std::lock_guard lock(shard->mu);
-    for (const auto& [key, o] : shard->objects) {
+    for (auto& [key, o] : shard->objects) {
       bool sp = false;
       if (evictable(o, &sp)) cands.push_back({sp, o.last_access, key});
     }
@@ -301,7 +327,7 @@ uint64_t Master::Evict(uint64_t bytes, bool soft) {
     bool sp = false;
     if (it == shard.objects.end() || !evictable(it->second, &sp)) continue;  // changed since
     freed += Bytes(it->second.replicas);
-    Release(std::move(it->second.replicas), now);
+    FreeLater(std::move(it->second.replicas), now);
     shard.objects.erase(it);
     --objects_;
     ++count;
@@ -339,7 +365,7 @@ void Master::Tick() {
     std::lock_guard lock(shard->mu);
     for (auto it = shard->objects.begin(); it != shard->objects.end();) {
       if (!it->second.complete && it->second.put_deadline <= now) {
-        Release(std::move(it->second.replicas), now + options_.write_grace);
+        FreeLater(std::move(it->second.replicas), now + options_.write_grace);
         it = shard->objects.erase(it);
         --objects_;
         ++reclaimed;

@@ -57,6 +57,7 @@ struct GetGrant {
   uint64_t size = 0;
   std::vector<Allocation> replicas;
   Millis lease{0};
+  uint64_t lease_id = 0;  // for ReleaseLease
 };
 
 struct MasterStats {
@@ -99,6 +100,9 @@ class Master {
   Status PutEnd(const std::string& key, uint64_t put_id, bool commit);
   // Locations of a complete object, granting a read lease. NotFound otherwise.
   Result<GetGrant> Get(const std::string& key);
+  // Ends a lease before its term, once its reader is done. NotFound when the
+  // object or the lease is gone (expired, or the object was removed).
+  Status ReleaseLease(const std::string& key, uint64_t lease_id);
   // OK if complete, NotFound otherwise.
   Status Exists(const std::string& key);
   // Busy while leased or being written, unless forced.
@@ -120,8 +124,10 @@ class Master {
     bool complete = false;
     uint64_t put_id = 0;
     Clock::time_point put_deadline;
-    Clock::time_point lease_until;
+    std::vector<std::pair<uint64_t, Clock::time_point>> leases;  // id, end
     Clock::time_point last_access;
+    // When the last lease ends; drops the ended ones. Before `now`: unleased.
+    Clock::time_point LeaseEnd(Clock::time_point now);
     Pin pin = Pin::kNone;
     Clock::time_point pin_until;
   };
@@ -135,8 +141,8 @@ class Master {
   };
 
   Shard& ShardOf(const std::string& key);
-  // Releases an object's space now or, if it may still be touched, at `until`.
-  void Release(std::vector<Allocation> replicas, Clock::time_point until);
+  // Frees an object's space now or, if it may still be touched, at `until`.
+  void FreeLater(std::vector<Allocation> replicas, Clock::time_point until);
   // Evicts complete, unleased, unpinned objects, least recently used first,
   // until `bytes` are free; with `soft`, soft-pinned ones after the others.
   // Returns the bytes released.
@@ -148,6 +154,7 @@ class Master {
   Space space_;
   std::vector<std::unique_ptr<Shard>> shards_;
   std::atomic<uint64_t> next_put_id_{1};
+  std::atomic<uint64_t> next_lease_id_{1};
   std::atomic<uint64_t> objects_{0};
 
   mutable std::mutex deferred_mu_;

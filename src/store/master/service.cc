@@ -137,7 +137,19 @@ class Service final : public pb::Master::Service {
         if (!grant.ok()) continue;
         out->set_size(grant.value().size);
         out->set_lease_ms(static_cast<uint64_t>(grant.value().lease.count()));
+        out->set_lease_id(grant.value().lease_id);
         for (const auto& a : grant.value().replicas) ToProto(a, out->add_replicas());
+      }
+      return grpc::Status::OK;
+    });
+  }
+
+  grpc::Status ReleaseLeases(grpc::ServerContext*, const pb::ReleaseRequest* req,
+                             pb::StatusesResponse* resp) override {
+    return Guard("ReleaseLeases", [&] {
+      if (auto st = CheckCount(req->items_size()); !st.ok()) return st;
+      for (const auto& item : req->items()) {
+        SetStatus(m_.ReleaseLease(item.key(), item.lease_id()), resp->add_results());
       }
       return grpc::Status::OK;
     });
