@@ -69,7 +69,8 @@ std::unique_ptr<grpc::ClientContext> Context(Millis timeout) {
   return ctx;
 }
 
-Result<std::vector<Status>> Statuses(const pb::StatusesResponse& resp, size_t n) {
+template <typename Resp>
+Result<std::vector<Status>> Statuses(const Resp& resp, size_t n) {
   if (static_cast<size_t>(resp.results_size()) != n) {
     return Status(StatusCode::kProtocolError, "master answered a different number of items");
   }
@@ -197,20 +198,32 @@ Result<std::vector<PutGrantItem>> MasterClient::PutBegin(const std::vector<PutRe
       });
 }
 
-Result<std::vector<Status>> MasterClient::PutEnd(const std::vector<PutEndItem>& items) {
-  return Chunked<Status>(items.size(), [&](size_t first, size_t count) {
-    pb::PutEndRequest req;
-    for (size_t i = first; i < first + count; ++i) {
-      auto* it = req.add_items();
-      it->set_key(items[i].key);
-      it->set_put_id(items[i].put_id);
-      it->set_commit(items[i].commit);
-    }
-    pb::StatusesResponse resp;
-    auto ctx = Context(impl_->timeout);
-    Status st = FromGrpc(impl_->stub->PutEnd(ctx.get(), req, &resp), "PutEnd");
+// A chunked call answered with one status per item: `fill(req, i)` adds item
+// i to a request, `rpc` is the stub method.
+template <typename Req, typename Resp, typename Fill>
+static Result<std::vector<Status>> StatusCall(
+    pb::Master::Stub& stub, Millis timeout, size_t n, const char* name, Fill&& fill,
+    grpc::Status (pb::Master::Stub::*rpc)(grpc::ClientContext*, const Req&, Resp*)) {
+  return Chunked<Status>(n, [&](size_t first, size_t count) {
+    Req req;
+    for (size_t i = first; i < first + count; ++i) fill(req, i);
+    Resp resp;
+    auto ctx = Context(timeout);
+    Status st = FromGrpc((stub.*rpc)(ctx.get(), req, &resp), name);
     return st.ok() ? Statuses(resp, count) : Result<std::vector<Status>>(st);
   });
+}
+
+Result<std::vector<Status>> MasterClient::PutEnd(const std::vector<PutEndItem>& items) {
+  return StatusCall(
+      *impl_->stub, impl_->timeout, items.size(), "PutEnd",
+      [&](pb::PutEndRequest& req, size_t i) {
+        auto* it = req.add_items();
+        it->set_key(items[i].key);
+        it->set_put_id(items[i].put_id);
+        it->set_commit(items[i].commit);
+      },
+      &pb::Master::Stub::PutEnd);
 }
 
 Result<std::vector<GetItem>> MasterClient::Get(const std::vector<std::string>& keys) {
@@ -245,61 +258,43 @@ Result<std::vector<GetItem>> MasterClient::Get(const std::vector<std::string>& k
 
 Result<std::vector<Status>> MasterClient::ReleaseLeases(
     const std::vector<std::pair<std::string, uint64_t>>& leases) {
-  return Chunked<Status>(leases.size(), [&](size_t first, size_t count) {
-    pb::ReleaseRequest req;
-    for (size_t i = first; i < first + count; ++i) {
-      auto* it = req.add_items();
-      it->set_key(leases[i].first);
-      it->set_lease_id(leases[i].second);
-    }
-    pb::StatusesResponse resp;
-    auto ctx = Context(impl_->timeout);
-    Status st = FromGrpc(impl_->stub->ReleaseLeases(ctx.get(), req, &resp), "ReleaseLeases");
-    return st.ok() ? Statuses(resp, count) : Result<std::vector<Status>>(st);
-  });
+  return StatusCall(
+      *impl_->stub, impl_->timeout, leases.size(), "ReleaseLeases",
+      [&](pb::ReleaseRequest& req, size_t i) {
+        auto* it = req.add_items();
+        it->set_key(leases[i].first);
+        it->set_lease_id(leases[i].second);
+      },
+      &pb::Master::Stub::ReleaseLeases);
 }
 
 Result<std::vector<Status>> MasterClient::Exists(const std::vector<std::string>& keys) {
-  return Chunked<Status>(keys.size(), [&](size_t first, size_t count) {
-    pb::KeysRequest req;
-    for (size_t i = first; i < first + count; ++i) req.add_keys(keys[i]);
-    pb::ExistsResponse resp;
-    auto ctx = Context(impl_->timeout);
-    Status st = FromGrpc(impl_->stub->Exists(ctx.get(), req, &resp), "Exists");
-    if (!st.ok()) return Result<std::vector<Status>>(st);
-    pb::StatusesResponse as;
-    *as.mutable_results() = resp.results();
-    return Statuses(as, count);
-  });
+  return StatusCall(
+      *impl_->stub, impl_->timeout, keys.size(), "Exists",
+      [&](pb::KeysRequest& req, size_t i) { req.add_keys(keys[i]); }, &pb::Master::Stub::Exists);
 }
 
 Result<std::vector<Status>> MasterClient::Remove(const std::vector<std::string>& keys, bool force) {
-  return Chunked<Status>(keys.size(), [&](size_t first, size_t count) {
-    pb::RemoveRequest req;
-    req.set_force(force);
-    for (size_t i = first; i < first + count; ++i) req.add_keys(keys[i]);
-    pb::StatusesResponse resp;
-    auto ctx = Context(impl_->timeout);
-    Status st = FromGrpc(impl_->stub->Remove(ctx.get(), req, &resp), "Remove");
-    return st.ok() ? Statuses(resp, count) : Result<std::vector<Status>>(st);
-  });
+  return StatusCall(
+      *impl_->stub, impl_->timeout, keys.size(), "Remove",
+      [&](pb::RemoveRequest& req, size_t i) {
+        req.set_force(force);
+        req.add_keys(keys[i]);
+      },
+      &pb::Master::Stub::Remove);
 }
 
 Result<std::vector<Status>> MasterClient::Pin(const std::vector<std::string>& keys, StorePin pin,
                                               Millis ttl) {
-  return Chunked<Status>(keys.size(), [&](size_t first, size_t count) {
-    pb::PinRequest req;
-    for (size_t i = first; i < first + count; ++i) {
-      auto* it = req.add_items();
-      it->set_key(keys[i]);
-      it->set_kind(static_cast<pb::PinKind>(pin));
-      it->set_ttl_ms(static_cast<uint64_t>(ttl.count()));
-    }
-    pb::StatusesResponse resp;
-    auto ctx = Context(impl_->timeout);
-    Status st = FromGrpc(impl_->stub->Pin(ctx.get(), req, &resp), "Pin");
-    return st.ok() ? Statuses(resp, count) : Result<std::vector<Status>>(st);
-  });
+  return StatusCall(
+      *impl_->stub, impl_->timeout, keys.size(), "Pin",
+      [&](pb::PinRequest& req, size_t i) {
+        auto* it = req.add_items();
+        it->set_key(keys[i]);
+        it->set_kind(static_cast<pb::PinKind>(pin));
+        it->set_ttl_ms(static_cast<uint64_t>(ttl.count()));
+      },
+      &pb::Master::Stub::Pin);
 }
 
 }  // namespace ferry::store
