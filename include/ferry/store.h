@@ -103,7 +103,9 @@ class Store {
 
   // Copies `value` into the store under a new key. AlreadyExists if the key is
   // complete, Busy while another put of it is open, InvalidArgument for a bad
-  // key or an empty value, ResourceExhausted when nothing more is evictable.
+  // key, an empty or too large value, or more replicas than nodes,
+  // ResourceExhausted when nothing more is evictable. Blocks until every
+  // replica is written and committed, or the put has failed and was aborted.
   Status Put(std::string_view key, std::span<const uint8_t> value, const PutOptions& options = {});
   // The value of a complete object. NotFound for an unknown key; Timeout if the
   // read outlived its lease.
