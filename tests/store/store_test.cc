@@ -264,7 +264,8 @@ TEST(Store, ConcurrentClientsUnderEvictionSeeOnlyWholeValues) {
             ++bad;
             ADD_FAILURE() << "get " << key << " returned a torn or foreign value";
           }
-        } else if (got.status().code() != StatusCode::kNotFound) {
+        } else if (got.status().code() != StatusCode::kNotFound &&
+                   got.status().code() != StatusCode::kTimeout) {  // outlived a 200 ms lease
           ++bad;
           ADD_FAILURE() << "get " << key << ": " << got.status().ToString();
         }

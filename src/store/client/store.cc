@@ -1,5 +1,6 @@
 #include "ferry/store.h"
 
+#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -55,6 +56,57 @@ class Store::Impl {
   std::unordered_map<std::string, SegmentId> segments;  // guarded by seg_mu
   std::mutex buf_mu;
   std::map<uint64_t, uint64_t> buffers;  // registered caller buffers; guarded by buf_mu
+
+  // Leases of finished gets are ended by a background thread, off the get's
+  // path; a remove from this Store sends the pending ones first.
+  std::mutex rel_mu;
+  std::condition_variable rel_cv;
+  std::vector<std::pair<std::string, uint64_t>> rel_queue;  // guarded by rel_mu
+  bool rel_stop = false;                                    // guarded by rel_mu
+  std::mutex rel_send_mu;  // held while sending, so a flush waits for a send in flight
+  std::thread rel_thread;
+
+  ~Impl() {
+    if (rel_thread.joinable()) {
+      {
+        std::lock_guard lock(rel_mu);
+        rel_stop = true;
+      }
+      rel_cv.notify_all();
+      rel_thread.join();
+    }
+  }
+
+  void QueueReleases(std::vector<std::pair<std::string, uint64_t>> leases) {
+    {
+      std::lock_guard lock(rel_mu);
+      for (auto& l : leases) rel_queue.push_back(std::move(l));
+    }
+    rel_cv.notify_one();
+  }
+
+  // Sends every queued release; best effort, since leases end anyway.
+  void FlushReleases() {
+    std::lock_guard send(rel_send_mu);
+    std::vector<std::pair<std::string, uint64_t>> batch;
+    {
+      std::lock_guard lock(rel_mu);
+      batch.swap(rel_queue);
+    }
+    if (batch.empty()) return;
+    auto r = client->ReleaseLeases(batch);
+    if (!r.ok()) FERRY_LOG_WARN("store: ending {} leases: {}", batch.size(), r.status().ToString());
+  }
+
+  void ReleaseLoop() {
+    std::unique_lock lock(rel_mu);
+    while (!rel_stop || !rel_queue.empty()) {
+      rel_cv.wait_for(lock, Millis(1000), [this] { return rel_stop || !rel_queue.empty(); });
+      lock.unlock();
+      FlushReleases();
+      lock.lock();
+    }
+  }
 
   Result<SegmentId> Segment(const std::string& name) {
     {
@@ -311,17 +363,13 @@ std::vector<Result<size_t>> Store::Impl::Get(std::span<const std::string> keys,
   }
   // The lease is what kept the bytes from being reused while we read them.
   const bool late = deadline.Expired();
-  // Done reading: end the leases now rather than at their term, so that the
-  // space can be evicted or the key removed. Best effort: they end anyway.
+  // Done reading: end the leases soon rather than at their term, so that the
+  // space can be evicted or the key removed.
   std::vector<std::pair<std::string, uint64_t>> leases;
   for (size_t j = 0; j < found.size(); ++j) {
     if (found[j].status.ok()) leases.emplace_back(keys[index[j]], found[j].lease_id);
   }
-  if (!leases.empty()) {
-    auto rel = client->ReleaseLeases(leases);
-    if (!rel.ok())
-      FERRY_LOG_WARN("store: ending {} leases: {}", leases.size(), rel.status().ToString());
-  }
+  if (!leases.empty()) QueueReleases(std::move(leases));
   std::vector<Result<size_t>> out;
   out.reserve(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -358,6 +406,7 @@ Result<std::unique_ptr<Store>> Store::Create(StoreOptions options) {
   FERRY_ASSIGN_OR_RETURN(impl->engine, Engine::Create(options.engine));
   FERRY_ASSIGN_OR_RETURN(impl->client,
                          MasterClient::Connect(impl->master_address, options.rpc_timeout));
+  impl->rel_thread = std::thread([p = impl.get()] { p->ReleaseLoop(); });
   if (options.local_memory > 0) {
     store::NodeOptions no;
     no.master = impl->master_address;
@@ -500,6 +549,7 @@ std::vector<Status> Store::BatchExists(std::span<const std::string> keys) {
 }
 
 std::vector<Status> Store::BatchRemove(std::span<const std::string> keys, bool force) {
+  impl_->FlushReleases();  // this Store's finished reads no longer hold the keys
   return KeyCall(
       keys, [&](const std::vector<std::string>& k) { return impl_->client->Remove(k, force); });
 }
