@@ -37,8 +37,9 @@ double Gbps(uint64_t bytes, double secs) {
 
 // The engine alone: a `ferry serve` peer holding as many bytes as the store's
 // values, written and read in the same batches at the same distinct offsets.
-// Its memory is faulted in at start, as a store node's is: on a VM, how long
-// ago memory was last touched moves write throughput several-fold.
+// Its memory is faulted in at start the way a store node's is (common/prefault.h):
+// on this VM, receiving into pages that were never faulted in for the kernel is
+// several times slower.
 struct EngineReference {
   std::unique_ptr<Subprocess> peer;
   std::unique_ptr<Engine> engine;
