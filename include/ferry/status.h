@@ -28,6 +28,7 @@ enum class StatusCode : uint8_t {
   kPeerRestarted = 12,  // the peer's epoch changed; its addresses are void
   kIoError = 13,        // a system call failed
   kInternal = 14,
+  kBusy = 15,  // e.g. a store object under a read lease; retry later or force
 };
 
 std::string_view StatusCodeName(StatusCode code);

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli/bench_util.h"
 #include "cli/cli.h"
 #include "common/clock.h"
 #include "common/subprocess.h"
@@ -26,30 +27,6 @@ namespace ferry::cli {
 namespace {
 
 constexpr uint64_t kRefSink = 1, kRefSource = 2;
-
-bool WriteAll(int fd, const void* p, size_t n) {
-  const char* c = static_cast<const char*>(p);
-  while (n > 0) {
-    ssize_t w = send(fd, c, n, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    c += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-
-bool ReadAll(int fd, void* p, size_t n) {
-  char* c = static_cast<char*>(p);
-  while (n > 0) {
-    ssize_t r = recv(fd, c, n, 0);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    c += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
 
 // The target's side of the raw reference: one stream at a time. A command is
 // {mode u64, total u64, block u64}; a sink answers one byte after `total`.
@@ -120,13 +97,6 @@ double ReferenceMemcpy(uint64_t block, double seconds) {
   volatile char sink = dst[block / 2];
   (void)sink;
   return static_cast<double>(bytes) / SecondsSince(t0) / 1e9;
-}
-
-double Percentile(std::vector<double>& v, double p) {
-  if (v.empty()) return 0;
-  size_t i = std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())));
-  std::nth_element(v.begin(), v.begin() + static_cast<long>(i), v.end());
-  return v[i];
 }
 
 uint64_t RegionBytes(const BenchArgs& a) {

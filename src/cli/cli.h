@@ -13,6 +13,7 @@ struct ServeArgs {
   uint16_t port = 0;
   std::string transport;
   uint64_t alloc_bytes = 64 << 20;  // engine-allocated (memfd) memory
+  bool prefault = false;            // touch every page of it at start, as a store node does
   uint64_t heap_bytes = 0;          // plain heap memory, registered
   uint64_t gpu_bytes = 0;           // GPU memory on gpu_device, registered
   int gpu_device = 0;
@@ -42,6 +43,44 @@ struct DemoArgs {
   uint64_t buffer = 256ull << 20;
 };
 int Demo(const DemoArgs& args);
+
+struct MasterArgs {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;  // gRPC; 0 picks one
+  int http_port = 0;  // /metrics and /health; 0 picks one, -1 none
+  int64_t lease_ms = 5000;
+  int64_t put_timeout_ms = 10000;
+  int64_t write_grace_ms = 1000;
+  int64_t node_ttl_ms = 5000;
+  int64_t tick_ms = 100;
+  double high_watermark = 0.90;
+  double low_watermark = 0.80;
+  int shards = 16;
+  uint64_t max_object_size = 1ull << 32;
+};
+int Master(const MasterArgs& args);
+
+struct NodeArgs {
+  std::string master;  // host:port
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;
+  std::string transport;
+  uint64_t segment_size = 256ull << 20;
+  int segments = 1;
+  int64_t heartbeat_ms = 1000;
+};
+int Node(const NodeArgs& args);
+
+struct BenchStoreArgs {
+  uint64_t value_size = 4ull << 20;
+  int values = 64;
+  int batch = 16;
+  int nodes = 1;
+  std::string transport = "tcp";  // how the client reaches the nodes: tcp|auto
+  double metadata_seconds = 1.0;  // per metadata measurement
+  bool json = false;
+};
+int BenchStore(const BenchStoreArgs& args);
 
 // "4096", "64KiB", "1MiB", "2GiB", "1G" (binary multiples).
 Result<uint64_t> ParseSize(const std::string& s);

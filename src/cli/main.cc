@@ -78,6 +78,7 @@ int main(int argc, char** argv) {
   s->add_option("--transport", serve.transport, "Force tcp or shm");
   s->add_option("--alloc", serve_alloc, "Engine-allocated (memfd) bytes to expose");
   s->add_option("--heap", serve_heap, "Heap bytes to register and expose");
+  s->add_flag("--prefault", serve.prefault, "Touch every page of --alloc at start");
   s->add_option("--gpu-alloc", serve_gpu, "GPU bytes to register and expose");
   s->add_option("--gpu-device", serve.gpu_device, "The GPU of --gpu-alloc")
       ->check(CLI::Range(0, 63));
@@ -107,6 +108,55 @@ int main(int argc, char** argv) {
   bt->add_option("--peer", b.peer, "initiator: the target's segment, host:port");
   bt->add_option("--ref-port", b.ref_port, "initiator: the target's reference socket port");
 
+  MasterArgs ma;
+  std::string ma_max = "4GiB";
+  auto* m = app.add_subcommand("master", "Run the store's master until SIGTERM");
+  m->add_option("--host", ma.host, "Address to serve gRPC and HTTP on");
+  m->add_option("--port", ma.port, "gRPC port (0 picks one)");
+  m->add_option("--http-port", ma.http_port, "HTTP port for /metrics and /health (0 picks, -1 off)")
+      ->check(CLI::Range(-1, 65535));
+  m->add_option("--lease-ms", ma.lease_ms, "Read lease granted by a get")
+      ->check(CLI::Range(int64_t{1}, int64_t{86400000}));
+  m->add_option("--put-timeout-ms", ma.put_timeout_ms, "Open puts are reclaimed after this")
+      ->check(CLI::Range(int64_t{1}, int64_t{86400000}));
+  m->add_option("--write-grace-ms", ma.write_grace_ms, "Aborted space waits this for late writes")
+      ->check(CLI::Range(int64_t{0}, int64_t{86400000}));
+  m->add_option("--node-ttl-ms", ma.node_ttl_ms, "A node silent this long is unmounted")
+      ->check(CLI::Range(int64_t{10}, int64_t{86400000}));
+  m->add_option("--tick-ms", ma.tick_ms, "Background reclaim/expiry/eviction period")
+      ->check(CLI::Range(int64_t{1}, int64_t{60000}));
+  m->add_option("--high-watermark", ma.high_watermark, "Evict in the background above this")
+      ->check(CLI::Range(0.0, 1.0));
+  m->add_option("--low-watermark", ma.low_watermark, "... down to this fraction used")
+      ->check(CLI::Range(0.0, 1.0));
+  m->add_option("--shards", ma.shards, "Metadata shards")->check(CLI::Range(1, 4096));
+  m->add_option("--max-object-size", ma_max, "Largest value accepted");
+
+  NodeArgs na;
+  std::string na_size = "256MiB";
+  auto* n = app.add_subcommand("node", "Contribute memory to the store until SIGTERM");
+  n->add_option("--master", na.master, "The master, host:port")->required();
+  n->add_option("--host", na.host, "Engine address to listen on");
+  n->add_option("--port", na.port, "Engine port (0 picks one)");
+  n->add_option("--transport", na.transport, "Force tcp or shm");
+  n->add_option("--segment-size", na_size, "Bytes per segment");
+  n->add_option("--segments", na.segments, "Segments to contribute")->check(CLI::Range(1, 64));
+  n->add_option("--heartbeat-ms", na.heartbeat_ms, "Heartbeat period")
+      ->check(CLI::Range(int64_t{1}, int64_t{60000}));
+
+  BenchStoreArgs bs;
+  std::string bs_value = "4MiB";
+  auto* bsc = bench->add_subcommand("store", "Store batch put/get against the engine and Redis");
+  bsc->add_option("--value-size", bs_value, "Bytes per value");
+  bsc->add_option("--values", bs.values, "Values put and got")->check(CLI::Range(1, 1 << 20));
+  bsc->add_option("--batch", bs.batch, "Values per batch")->check(CLI::Range(1, 4096));
+  bsc->add_option("--nodes", bs.nodes, "Node processes")->check(CLI::Range(1, 8));
+  bsc->add_option("--transport", bs.transport, "tcp|auto between client and nodes")
+      ->check(CLI::IsMember({"tcp", "auto"}));
+  bsc->add_option("--metadata-seconds", bs.metadata_seconds, "Per metadata measurement")
+      ->check(CLI::Range(0.0, 600.0));
+  bsc->add_flag("--json", bs.json, "End with one JSON line");
+
   DemoArgs d;
   std::string demo_bytes = "1GiB";
   auto* demo = app.add_subcommand("demo", "Move and verify data through every transport");
@@ -129,6 +179,26 @@ int main(int argc, char** argv) {
       return 2;
     }
     return BenchTransfer(b);
+  }
+  if (m->parsed()) {
+    if (!SizeOption(ma_max, &ma.max_object_size, "--max-object-size")) return 2;
+    if (ma.low_watermark > ma.high_watermark) {
+      std::cerr << "ferry: --low-watermark must not exceed --high-watermark\n";
+      return 2;
+    }
+    return Master(ma);
+  }
+  if (n->parsed()) {
+    if (!SizeOption(na_size, &na.segment_size, "--segment-size")) return 2;
+    return Node(na);
+  }
+  if (bsc->parsed()) {
+    if (!SizeOption(bs_value, &bs.value_size, "--value-size")) return 2;
+    if (bs.value_size == 0) {
+      std::cerr << "ferry: --value-size must be positive\n";
+      return 2;
+    }
+    return BenchStore(bs);
   }
   if (demo->parsed()) {
     if (!SizeOption(demo_bytes, &d.bytes, "--bytes")) return 2;

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli.h"
+#include "common/prefault.h"
 #include "ferry/engine.h"
 #include "gpu/gpu.h"
 
@@ -28,6 +29,7 @@ int Serve(const ServeArgs& args) {
       std::fprintf(stderr, "ferry serve: %s\n", p.status().ToString().c_str());
       return 1;
     }
+    if (args.prefault) Prefault(p.value(), args.alloc_bytes);
     out["alloc"] = {{"addr", reinterpret_cast<uint64_t>(p.value())}, {"length", args.alloc_bytes}};
   }
   void* heap = nullptr;

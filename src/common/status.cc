@@ -36,6 +36,8 @@ std::string_view StatusCodeName(StatusCode code) {
       return "IoError";
     case StatusCode::kInternal:
       return "Internal";
+    case StatusCode::kBusy:
+      return "Busy";
   }
   return "Unknown";
 }

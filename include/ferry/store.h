@@ -1,0 +1,159 @@
+// ferry::Store: a distributed key-value store for KV cache in host memory.
+//
+// Values live in memory that store nodes contribute; a master holds the
+// metadata and picks where each value goes. By default a Store embeds a node in
+// this process (StoreOptions::local_memory) and, with no master address, also
+// runs the master here: a single-process store that needs no set-up. With a
+// master address it joins a cluster of `ferry master` and `ferry node`
+// processes, and its own memory (if any) becomes one more node.
+//
+// A put allocates at the master, writes every replica through the transfer
+// engine, then commits: a value is visible complete or not at all. A get
+// fetches the locations with a read lease and reads one replica: a replica in
+// this process by memcpy, others through the engine. A read that outlives its
+// lease fails with Timeout instead of returning bytes that may have been
+// reused; once its reads are done a get ends its leases. Every network call
+// has a deadline.
+//
+// Thread safety: every method may be called from any thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ferry/engine.h"
+#include "ferry/status.h"
+
+namespace ferry {
+
+enum class StorePin : uint8_t {
+  kNone = 0,
+  kSoft = 1,  // not evicted in the background until its TTL ends; last resort under pressure
+  kHard = 2,  // never evicted
+};
+
+// Where an object's bytes are: each replica's extents, in order, hold the value.
+struct StoreExtent {
+  std::string segment;  // the node's engine name, "host:port"
+  uint64_t addr = 0;    // virtual address in that node's memory
+  uint64_t length = 0;
+};
+struct StoreReplica {
+  std::vector<StoreExtent> extents;
+};
+struct ObjectLocation {
+  uint64_t size = 0;
+  std::vector<StoreReplica> replicas;
+  std::chrono::milliseconds lease{0};  // granted by the lookup
+};
+
+struct PutOptions {
+  uint32_t replicas = 0;          // copies on distinct nodes; 0: StoreOptions::replicas
+  std::string preferred_segment;  // a node ("host:port") for the first copy, if it fits
+  StorePin pin = StorePin::kNone;
+  std::chrono::milliseconds pin_ttl{0};  // for kSoft
+};
+
+struct StoreOptions {
+  // "host:port" of a `ferry master`; empty starts a master in this process.
+  std::string master;
+  // Bytes this process contributes as an embedded node; 0 makes a pure client.
+  uint64_t local_memory = 256ull << 20;
+  uint32_t replicas = 1;     // default copies per value
+  bool prefer_local = true;  // first copy in this process when it fits
+  EngineOptions engine;
+  std::chrono::milliseconds rpc_timeout{5000};  // deadline of each master call
+  std::chrono::milliseconds heartbeat{1000};    // embedded node's heartbeat period
+  // The in-process master's settings (used only when `master` is empty).
+  std::chrono::milliseconds lease{5000};
+  std::chrono::milliseconds put_timeout{10000};
+  std::chrono::milliseconds node_ttl{5000};
+  // Fault injection for tests: sleep this long between a get's lookup and its
+  // read, as a slow reader would.
+  std::chrono::milliseconds read_delay{0};
+};
+
+// A caller's buffer for PutFrom/GetInto.
+struct StoreBuffer {
+  void* data = nullptr;
+  size_t size = 0;
+};
+
+class Store {
+ public:
+  // Keys are 1 to kMaxKeyBytes bytes.
+  static constexpr size_t kMaxKeyBytes = 1024;
+
+  // Starts the engine, the in-process master if needed, and the embedded node,
+  // which must mount before this returns. Unavailable if the master cannot be
+  // reached within rpc_timeout.
+  static Result<std::unique_ptr<Store>> Create(StoreOptions options);
+  // Unmounts the embedded node; objects with no other replica disappear.
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  const std::string& segment() const;         // this process's engine name
+  const std::string& master_address() const;  // the master in use
+
+  // Copies `value` into the store under a new key. AlreadyExists if the key is
+  // complete, Busy while another put of it is open, InvalidArgument for a bad
+  // key, an empty or too large value, or more replicas than nodes,
+  // ResourceExhausted when nothing more is evictable. Blocks until every
+  // replica is written and committed, or the put has failed and was aborted.
+  Status Put(std::string_view key, std::span<const uint8_t> value, const PutOptions& options = {});
+  // The value of a complete object. NotFound for an unknown key; Timeout if the
+  // read outlived its lease.
+  Result<std::vector<uint8_t>> Get(std::string_view key);
+
+  // Registers a caller buffer with the engine for PutFrom/GetInto, which move
+  // data straight between it and the nodes (no staging copy). The buffer must
+  // stay valid until UnregisterBuffer. AlreadyExists on overlap.
+  Status RegisterBuffer(void* data, size_t size);
+  Status UnregisterBuffer(void* data);
+  // As Put/Get, on registered memory; InvalidArgument if the range is not
+  // inside one registered buffer. GetInto returns the value's size and fails
+  // with OutOfRange when `buffer` is smaller than the value.
+  Status PutFrom(std::string_view key, StoreBuffer buffer, const PutOptions& options = {});
+  Result<size_t> GetInto(std::string_view key, StoreBuffer buffer);
+
+  // OK if a complete object exists, NotFound if not.
+  Status Exists(std::string_view key);
+  // Busy while the object is leased or being written, unless `force`.
+  Status Remove(std::string_view key, bool force = false);
+  // Pins or unpins (StorePin::kNone) a complete object.
+  Status Pin(std::string_view key, StorePin pin, std::chrono::milliseconds ttl = {});
+  // Locations of a complete object, granting a read lease that runs its full
+  // term (ObjectLocation::lease): the space is not reused before it ends.
+  Result<ObjectLocation> Locate(std::string_view key);
+
+  // Batch forms: one result per key, in order; all items share each master
+  // call and one engine batch.
+  std::vector<Status> BatchPut(std::span<const std::string> keys,
+                               std::span<const std::span<const uint8_t>> values,
+                               const PutOptions& options = {});
+  std::vector<Result<std::vector<uint8_t>>> BatchGet(std::span<const std::string> keys);
+  std::vector<Status> BatchPutFrom(std::span<const std::string> keys,
+                                   std::span<const StoreBuffer> buffers,
+                                   const PutOptions& options = {});
+  std::vector<Result<size_t>> BatchGetInto(std::span<const std::string> keys,
+                                           std::span<const StoreBuffer> buffers);
+  std::vector<Status> BatchExists(std::span<const std::string> keys);
+  std::vector<Status> BatchRemove(std::span<const std::string> keys, bool force = false);
+  std::vector<Result<ObjectLocation>> BatchLocate(std::span<const std::string> keys);
+  std::vector<Status> BatchPin(std::span<const std::string> keys, StorePin pin,
+                               std::chrono::milliseconds ttl = {});
+
+  class Impl;
+
+ private:
+  explicit Store(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ferry

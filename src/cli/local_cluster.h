@@ -1,0 +1,30 @@
+// `ferry master` and `ferry node` processes on loopback, for the demo, the
+// store benchmark and the store tests. Each prints one JSON line when ready.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/subprocess.h"
+
+namespace ferry::cli {
+
+struct MasterProcess {
+  std::unique_ptr<Subprocess> proc;
+  std::string address;  // gRPC, host:port
+  int http_port = -1;
+};
+
+struct NodeProcess {
+  std::unique_ptr<Subprocess> proc;
+  std::string segment;  // the node's engine name
+};
+
+// Starts `bin master` with `args`; waits up to 20 s for its JSON line.
+Result<MasterProcess> SpawnMaster(const std::string& bin, const std::vector<std::string>& args);
+// Starts `bin node --master <master>` with `args`; waits up to 20 s.
+Result<NodeProcess> SpawnNode(const std::string& bin, const std::string& master,
+                              const std::vector<std::string>& args);
+
+}  // namespace ferry::cli

@@ -1,0 +1,49 @@
+// `ferry node`: contributes memory to the store until SIGTERM.
+#include "store/node/node.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "cli/cli.h"
+#include "common/log.h"
+
+namespace ferry::cli {
+
+int Node(const NodeArgs& args) {
+  BlockStopSignals();
+  log::Init();
+  EngineOptions eo;
+  eo.host = args.host;
+  eo.port = args.port;
+  eo.transport = args.transport;
+  auto engine = Engine::Create(eo);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "ferry node: %s\n", engine.status().ToString().c_str());
+    return 1;
+  }
+  store::NodeOptions no;
+  no.master = args.master;
+  no.segment_size = args.segment_size;
+  no.segments = args.segments;
+  no.heartbeat = Millis(args.heartbeat_ms);
+  // A node outlives master restarts: it keeps trying to mount.
+  auto node = store::StoreNode::Start(*engine.value(), no, /*wait_for_mount=*/false);
+  if (!node.ok()) {
+    std::fprintf(stderr, "ferry node: %s\n", node.status().ToString().c_str());
+    return 1;
+  }
+  nlohmann::json out = {{"segment", engine.value()->name()},
+                        {"master", args.master},
+                        {"mounted", node.value()->mounted()},
+                        {"pid", getpid()}};
+  std::printf("%s\n", out.dump().c_str());
+  std::fflush(stdout);
+  WaitForStopSignal();
+  node.value().reset();
+  engine.value().reset();
+  return 0;
+}
+
+}  // namespace ferry::cli

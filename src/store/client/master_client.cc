@@ -1,0 +1,300 @@
+#include "store/client/master_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "proto/store.grpc.pb.h"
+#include "store/master/service.h"
+#include "store/proto_util.h"
+
+namespace ferry::store {
+namespace {
+
+namespace pb = ::ferry::store::v1;
+
+// Most extents one replica may have, as the master's allocator promises.
+constexpr int kMaxExtents = static_cast<int>(Space::kMaxExtents);
+constexpr int kMaxReplicas = 64;
+
+Status FromGrpc(const grpc::Status& st, const char* call) {
+  if (st.ok()) return Status::Ok();
+  StatusCode code = StatusCode::kUnavailable;
+  switch (st.error_code()) {
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      code = StatusCode::kTimeout;
+      break;
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      code = StatusCode::kInvalidArgument;
+      break;
+    case grpc::StatusCode::UNAVAILABLE:
+      code = StatusCode::kUnavailable;
+      break;
+    default:
+      code = StatusCode::kInternal;
+  }
+  return Status(code, std::string("master ") + call + ": " + st.error_message());
+}
+
+// Replicas from the master, checked: extents are non-empty and sum to `size`.
+Result<std::vector<StoreReplica>> ReadReplicas(
+    const google::protobuf::RepeatedPtrField<pb::Replica>& in, uint64_t size) {
+  if (in.empty() || in.size() > kMaxReplicas) {
+    return Status(StatusCode::kProtocolError, "master sent no or too many replicas");
+  }
+  std::vector<StoreReplica> out;
+  for (const auto& r : in) {
+    if (r.extents().empty() || r.extents_size() > kMaxExtents) {
+      return Status(StatusCode::kProtocolError, "master sent a replica with bad extents");
+    }
+    StoreReplica rep;
+    uint64_t total = 0;
+    for (const auto& e : r.extents()) {
+      if (e.segment().empty() || e.length() == 0 || e.addr() == 0 ||
+          e.addr() + e.length() < e.addr() || e.length() > size) {
+        return Status(StatusCode::kProtocolError, "master sent a malformed extent");
+      }
+      total += e.length();
+      rep.extents.push_back({e.segment(), e.addr(), e.length()});
+    }
+    if (total != size) {
+      return Status(StatusCode::kProtocolError, "master sent extents that do not cover the value");
+    }
+    out.push_back(std::move(rep));
+  }
+  return out;
+}
+
+std::unique_ptr<grpc::ClientContext> Context(Millis timeout) {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(std::chrono::system_clock::now() + timeout);
+  return ctx;
+}
+
+template <typename Resp>
+Result<std::vector<Status>> Statuses(const Resp& resp, size_t n) {
+  if (static_cast<size_t>(resp.results_size()) != n) {
+    return Status(StatusCode::kProtocolError, "master answered a different number of items");
+  }
+  std::vector<Status> out;
+  for (const auto& s : resp.results()) out.push_back(FromProto(s));
+  return out;
+}
+
+}  // namespace
+
+class MasterClient::Impl {
+ public:
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<pb::Master::Stub> stub;
+  Millis timeout;
+};
+
+MasterClient::MasterClient(std::string address, std::unique_ptr<Impl> impl)
+    : address_(std::move(address)), impl_(std::move(impl)) {}
+MasterClient::~MasterClient() = default;
+
+Result<std::unique_ptr<MasterClient>> MasterClient::Connect(const std::string& address,
+                                                            Millis rpc_timeout) {
+  if (address.empty() || address.find(':') == std::string::npos) {
+    return Status(StatusCode::kInvalidArgument, "master address must be host:port");
+  }
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetMaxReceiveMessageSize(64 << 20);
+  auto impl = std::make_unique<Impl>();
+  impl->channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  impl->stub = pb::Master::NewStub(impl->channel);
+  impl->timeout = rpc_timeout;
+  return std::unique_ptr<MasterClient>(new MasterClient(address, std::move(impl)));
+}
+
+Status MasterClient::Mount(const std::string& node,
+                           const std::vector<std::pair<uint64_t, uint64_t>>& regions,
+                           Millis* node_ttl) {
+  pb::MountRequest req;
+  req.set_node(node);
+  for (auto [base, size] : regions) {
+    auto* r = req.add_regions();
+    r->set_base(base);
+    r->set_size(size);
+  }
+  pb::MountResponse resp;
+  auto ctx = Context(impl_->timeout);
+  FERRY_RETURN_IF_ERROR(FromGrpc(impl_->stub->Mount(ctx.get(), req, &resp), "Mount"));
+  *node_ttl = Millis(std::max<uint64_t>(resp.node_ttl_ms(), 10));
+  return FromProto(resp.status());
+}
+
+Status MasterClient::Heartbeat(const std::string& node) {
+  pb::NodeRequest req;
+  req.set_node(node);
+  pb::NodeResponse resp;
+  auto ctx = Context(impl_->timeout);
+  FERRY_RETURN_IF_ERROR(FromGrpc(impl_->stub->Heartbeat(ctx.get(), req, &resp), "Heartbeat"));
+  return FromProto(resp.status());
+}
+
+Status MasterClient::Unmount(const std::string& node) {
+  pb::NodeRequest req;
+  req.set_node(node);
+  pb::NodeResponse resp;
+  auto ctx = Context(impl_->timeout);
+  FERRY_RETURN_IF_ERROR(FromGrpc(impl_->stub->Unmount(ctx.get(), req, &resp), "Unmount"));
+  return FromProto(resp.status());
+}
+
+// Runs `call(first, count)` over chunks of at most the master's batch limit.
+template <typename T, typename F>
+static Result<std::vector<T>> Chunked(size_t n, F&& call) {
+  std::vector<T> out;
+  out.reserve(n);
+  for (size_t first = 0; first < n; first += MasterServer::kMaxBatch) {
+    const size_t count = std::min<size_t>(MasterServer::kMaxBatch, n - first);
+    FERRY_ASSIGN_OR_RETURN(auto part, call(first, count));
+    for (auto& x : part) out.push_back(std::move(x));
+  }
+  return out;
+}
+
+Result<std::vector<PutGrantItem>> MasterClient::PutBegin(const std::vector<PutRequestItem>& items,
+                                                         const std::string& client_node,
+                                                         bool prefer_local) {
+  return Chunked<PutGrantItem>(
+      items.size(), [&](size_t first, size_t count) -> Result<std::vector<PutGrantItem>> {
+        pb::PutBeginRequest req;
+        req.set_client_node(client_node);
+        req.set_prefer_local(prefer_local);
+        for (size_t i = first; i < first + count; ++i) {
+          auto* it = req.add_items();
+          it->set_key(items[i].key);
+          it->set_size(items[i].size);
+          it->set_replicas(items[i].replicas);
+          it->set_preferred_segment(items[i].preferred);
+          it->set_pin(static_cast<pb::PinKind>(items[i].pin));
+          it->set_pin_ttl_ms(static_cast<uint64_t>(items[i].pin_ttl.count()));
+        }
+        pb::PutBeginResponse resp;
+        auto ctx = Context(impl_->timeout);
+        FERRY_RETURN_IF_ERROR(FromGrpc(impl_->stub->PutBegin(ctx.get(), req, &resp), "PutBegin"));
+        if (static_cast<size_t>(resp.results_size()) != count) {
+          return Status(StatusCode::kProtocolError, "master answered a different number of items");
+        }
+        std::vector<PutGrantItem> out(count);
+        for (size_t i = 0; i < count; ++i) {
+          const auto& r = resp.results(static_cast<int>(i));
+          out[i].status = FromProto(r.status());
+          if (!out[i].status.ok()) continue;
+          auto reps = ReadReplicas(r.replicas(), items[first + i].size);
+          if (!reps.ok()) {
+            out[i].status = reps.status();
+            continue;
+          }
+          out[i].replicas = std::move(reps).value();
+          out[i].put_id = r.put_id();
+          out[i].timeout = Millis(std::min<uint64_t>(r.timeout_ms(), 24ull * 3600 * 1000));
+        }
+        return out;
+      });
+}
+
+// A chunked call answered with one status per item: `fill(req, i)` adds item
+// i to a request, `rpc` is the stub method.
+template <typename Req, typename Resp, typename Fill>
+static Result<std::vector<Status>> StatusCall(
+    pb::Master::Stub& stub, Millis timeout, size_t n, const char* name, Fill&& fill,
+    grpc::Status (pb::Master::Stub::*rpc)(grpc::ClientContext*, const Req&, Resp*)) {
+  return Chunked<Status>(n, [&](size_t first, size_t count) {
+    Req req;
+    for (size_t i = first; i < first + count; ++i) fill(req, i);
+    Resp resp;
+    auto ctx = Context(timeout);
+    Status st = FromGrpc((stub.*rpc)(ctx.get(), req, &resp), name);
+    return st.ok() ? Statuses(resp, count) : Result<std::vector<Status>>(st);
+  });
+}
+
+Result<std::vector<Status>> MasterClient::PutEnd(const std::vector<PutEndItem>& items) {
+  return StatusCall(
+      *impl_->stub, impl_->timeout, items.size(), "PutEnd",
+      [&](pb::PutEndRequest& req, size_t i) {
+        auto* it = req.add_items();
+        it->set_key(items[i].key);
+        it->set_put_id(items[i].put_id);
+        it->set_commit(items[i].commit);
+      },
+      &pb::Master::Stub::PutEnd);
+}
+
+Result<std::vector<GetItem>> MasterClient::Get(const std::vector<std::string>& keys) {
+  return Chunked<GetItem>(
+      keys.size(), [&](size_t first, size_t count) -> Result<std::vector<GetItem>> {
+        pb::KeysRequest req;
+        for (size_t i = first; i < first + count; ++i) req.add_keys(keys[i]);
+        pb::GetResponse resp;
+        auto ctx = Context(impl_->timeout);
+        FERRY_RETURN_IF_ERROR(FromGrpc(impl_->stub->Get(ctx.get(), req, &resp), "Get"));
+        if (static_cast<size_t>(resp.results_size()) != count) {
+          return Status(StatusCode::kProtocolError, "master answered a different number of items");
+        }
+        std::vector<GetItem> out(count);
+        for (size_t i = 0; i < count; ++i) {
+          const auto& r = resp.results(static_cast<int>(i));
+          out[i].status = FromProto(r.status());
+          if (!out[i].status.ok()) continue;
+          auto reps = ReadReplicas(r.replicas(), r.size());
+          if (!reps.ok()) {
+            out[i].status = reps.status();
+            continue;
+          }
+          out[i].location.size = r.size();
+          out[i].location.replicas = std::move(reps).value();
+          out[i].location.lease = Millis(std::min<uint64_t>(r.lease_ms(), 24ull * 3600 * 1000));
+          out[i].lease_id = r.lease_id();
+        }
+        return out;
+      });
+}
+
+Result<std::vector<Status>> MasterClient::ReleaseLeases(
+    const std::vector<std::pair<std::string, uint64_t>>& leases) {
+  return StatusCall(
+      *impl_->stub, impl_->timeout, leases.size(), "ReleaseLeases",
+      [&](pb::ReleaseRequest& req, size_t i) {
+        auto* it = req.add_items();
+        it->set_key(leases[i].first);
+        it->set_lease_id(leases[i].second);
+      },
+      &pb::Master::Stub::ReleaseLeases);
+}
+
+Result<std::vector<Status>> MasterClient::Exists(const std::vector<std::string>& keys) {
+  return StatusCall(
+      *impl_->stub, impl_->timeout, keys.size(), "Exists",
+      [&](pb::KeysRequest& req, size_t i) { req.add_keys(keys[i]); }, &pb::Master::Stub::Exists);
+}
+
+Result<std::vector<Status>> MasterClient::Remove(const std::vector<std::string>& keys, bool force) {
+  return StatusCall(
+      *impl_->stub, impl_->timeout, keys.size(), "Remove",
+      [&](pb::RemoveRequest& req, size_t i) {
+        req.set_force(force);
+        req.add_keys(keys[i]);
+      },
+      &pb::Master::Stub::Remove);
+}
+
+Result<std::vector<Status>> MasterClient::Pin(const std::vector<std::string>& keys, StorePin pin,
+                                              Millis ttl) {
+  return StatusCall(
+      *impl_->stub, impl_->timeout, keys.size(), "Pin",
+      [&](pb::PinRequest& req, size_t i) {
+        auto* it = req.add_items();
+        it->set_key(keys[i]);
+        it->set_kind(static_cast<pb::PinKind>(pin));
+        it->set_ttl_ms(static_cast<uint64_t>(ttl.count()));
+      },
+      &pb::Master::Stub::Pin);
+}
+
+}  // namespace ferry::store

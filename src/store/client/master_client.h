@@ -1,0 +1,81 @@
+// The master's gRPC API for nodes and clients, with a deadline on every call
+// and every response checked before use. Batches longer than the master's
+// limit are split. Thread safe.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "ferry/status.h"
+#include "ferry/store.h"
+
+namespace ferry::store {
+
+struct PutRequestItem {
+  std::string key;
+  uint64_t size = 0;
+  uint32_t replicas = 1;
+  std::string preferred;
+  StorePin pin = StorePin::kNone;
+  Millis pin_ttl{0};
+};
+
+struct PutGrantItem {
+  Status status;
+  uint64_t put_id = 0;
+  std::vector<StoreReplica> replicas;
+  Millis timeout{0};
+};
+
+struct PutEndItem {
+  std::string key;
+  uint64_t put_id = 0;
+  bool commit = false;
+};
+
+struct GetItem {
+  Status status;
+  ObjectLocation location;
+  uint64_t lease_id = 0;
+};
+
+class MasterClient {
+ public:
+  // A channel to `address` ("host:port"); connects lazily and reconnects fast
+  // (a master restart is seen within about a second).
+  static Result<std::unique_ptr<MasterClient>> Connect(const std::string& address,
+                                                       Millis rpc_timeout);
+  ~MasterClient();
+
+  const std::string& address() const { return address_; }
+
+  // Node membership. `*node_ttl` gets the master's heartbeat TTL.
+  Status Mount(const std::string& node, const std::vector<std::pair<uint64_t, uint64_t>>& regions,
+               Millis* node_ttl);
+  Status Heartbeat(const std::string& node);
+  Status Unmount(const std::string& node);
+
+  // One result per item. A failed call fails as a whole.
+  Result<std::vector<PutGrantItem>> PutBegin(const std::vector<PutRequestItem>& items,
+                                             const std::string& client_node, bool prefer_local);
+  Result<std::vector<Status>> PutEnd(const std::vector<PutEndItem>& items);
+  Result<std::vector<GetItem>> Get(const std::vector<std::string>& keys);
+  // Ends leases from Get early: (key, lease id) pairs.
+  Result<std::vector<Status>> ReleaseLeases(
+      const std::vector<std::pair<std::string, uint64_t>>& leases);
+  Result<std::vector<Status>> Exists(const std::vector<std::string>& keys);
+  Result<std::vector<Status>> Remove(const std::vector<std::string>& keys, bool force);
+  Result<std::vector<Status>> Pin(const std::vector<std::string>& keys, StorePin pin, Millis ttl);
+
+  class Impl;
+
+ private:
+  MasterClient(std::string address, std::unique_ptr<Impl> impl);
+  std::string address_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ferry::store

@@ -1,0 +1,406 @@
+#include "store/master/master.h"
+
+#include <algorithm>
+#include <functional>
+
+#include "common/log.h"
+
+namespace ferry::store {
+namespace {
+
+uint64_t Bytes(const std::vector<Allocation>& replicas) {
+  uint64_t n = 0;
+  for (const auto& a : replicas) {
+    for (const auto& e : a.extents) n += OffsetAllocator::RoundUp(e.length);
+  }
+  return n;
+}
+
+}  // namespace
+
+Master::Master(MasterOptions options) : options_(std::move(options)) {
+  const int n = std::max(1, options_.shards);
+  for (int i = 0; i < n; ++i) shards_.push_back(std::make_unique<Shard>());
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Master::~Master() {
+  {
+    std::lock_guard lock(stop_mu_);
+    stopping_ = true;
+  }
+  stop_cv_.notify_all();
+  thread_.join();
+}
+
+void Master::Loop() {
+  std::unique_lock lock(stop_mu_);
+  while (!stopping_) {
+    stop_cv_.wait_for(lock, options_.tick, [this] { return stopping_; });
+    if (stopping_) break;
+    lock.unlock();
+    Tick();
+    lock.lock();
+  }
+}
+
+Status Master::CheckKey(const std::string& key) {
+  if (key.empty()) return Status(StatusCode::kInvalidArgument, "empty key");
+  if (key.size() > kMaxKeyBytes) {
+    return Status(StatusCode::kInvalidArgument, "key of " + std::to_string(key.size()) +
+                                                    " bytes; the limit is " +
+                                                    std::to_string(kMaxKeyBytes));
+  }
+  return Status::Ok();
+}
+
+Master::Shard& Master::ShardOf(const std::string& key) {
+  return *shards_[std::hash<std::string>{}(key) % shards_.size()];
+}
+
+#define FERRY_COUNT(field, n)      \
+  do {                             \
+    std::lock_guard _l(stats_mu_); \
+    counters_.field += (n);        \
+  } while (0)
+
+Status Master::Mount(const std::string& node, const std::vector<Region>& regions) {
+  if (node.empty() || node.size() > 256) {
+    return Status(StatusCode::kInvalidArgument, "node name must be 1 to 256 bytes");
+  }
+  uint64_t replaced = 0;
+  auto gen = space_.Mount(node, regions, &replaced);
+  if (!gen.ok()) return gen.status();
+  if (replaced != 0) DropNode(node, replaced);
+  FERRY_LOG_INFO("master: node {} mounted {} regions (generation {})", node, regions.size(),
+                 gen.value());
+  return Status::Ok();
+}
+
+Status Master::Heartbeat(const std::string& node) {
+  if (!space_.Touch(node)) {
+    return Status(StatusCode::kNotFound, "node " + node + " is not mounted");
+  }
+  return Status::Ok();
+}
+
+Status Master::Unmount(const std::string& node) {
+  const uint64_t gen = space_.Unmount(node);
+  if (gen == 0) return Status(StatusCode::kNotFound, "node " + node + " is not mounted");
+  DropNode(node, gen);
+  return Status::Ok();
+}
+
+void Master::DropNode(const std::string& node, uint64_t generation) {
+  uint64_t dropped = 0;
+  for (auto& shard : shards_) {
+    std::lock_guard lock(shard->mu);
+    for (auto it = shard->objects.begin(); it != shard->objects.end();) {
+      auto& reps = it->second.replicas;
+      const size_t before = reps.size();
+      std::erase_if(
+          reps, [&](const Allocation& a) { return a.node == node && a.generation == generation; });
+      dropped += before - reps.size();
+      // An object being written loses its all-or-nothing promise with a replica.
+      if (reps.empty() || (!it->second.complete && reps.size() != before)) {
+        FreeLater(std::move(reps), Clock::now() + options_.write_grace);
+        it = shard->objects.erase(it);
+        --objects_;
+      } else {
+        ++it;
+      }
+    }
+  }
+  FERRY_COUNT(replicas_dropped, dropped);
+  FERRY_LOG_INFO("master: node {} unmounted; {} replicas dropped", node, dropped);
+}
+
+void Master::FreeLater(std::vector<Allocation> replicas, Clock::time_point until) {
+  if (until <= Clock::now()) {
+    for (const auto& a : replicas) space_.Free(a);
+    return;
+  }
+  std::lock_guard lock(deferred_mu_);
+  for (auto& a : replicas) {
+    deferred_bytes_ += Bytes({a});
+    deferred_.push_back({std::move(a), until});
+  }
+}
+
+Result<PutGrant> Master::PutBegin(const PutSpec& spec, const std::string& client_node) {
+  FERRY_RETURN_IF_ERROR(CheckKey(spec.key));
+  if (spec.size == 0 || spec.size > options_.max_object_size) {
+    return Status(StatusCode::kInvalidArgument, "size " + std::to_string(spec.size) +
+                                                    " outside 1.." +
+                                                    std::to_string(options_.max_object_size));
+  }
+  if (spec.replicas == 0 || spec.replicas > options_.max_replicas) {
+    return Status(StatusCode::kInvalidArgument,
+                  "replicas must be 1.." + std::to_string(options_.max_replicas));
+  }
+  Shard& shard = ShardOf(spec.key);
+  {
+    std::lock_guard lock(shard.mu);
+    auto it = shard.objects.find(spec.key);
+    if (it != shard.objects.end()) {
+      if (it->second.complete) return Status(StatusCode::kAlreadyExists, "key exists");
+      return Status(StatusCode::kBusy, "another put of this key is open");
+    }
+  }
+  Placement p{spec.size, spec.replicas, spec.preferred.empty() ? client_node : spec.preferred};
+  auto alloc = space_.Allocate(p);
+  // Never "no space" while evictable data exists: evict synchronously, retry.
+  while (!alloc.ok() && alloc.status().code() == StatusCode::kResourceExhausted) {
+    FERRY_COUNT(sync_evictions, 1);
+    if (Evict(OffsetAllocator::RoundUp(spec.size) * spec.replicas, /*soft=*/true) == 0) break;
+    alloc = space_.Allocate(p);
+  }
+  if (!alloc.ok()) {
+    if (alloc.status().code() != StatusCode::kResourceExhausted) return alloc.status();
+    const MasterStats st = Stats();
+    return Status(
+        StatusCode::kResourceExhausted,
+        fmt::format("{}: {} of {} bytes in use, {} fenced by leases or write grace, "
+                    "nothing evictable",
+                    alloc.status().message(), st.space.used, st.space.capacity, st.deferred_bytes));
+  }
+  const auto now = Clock::now();
+  Object obj;
+  obj.size = spec.size;
+  obj.replicas = alloc.value();
+  obj.put_id = next_put_id_++;
+  obj.put_deadline = now + options_.put_timeout;
+  obj.last_access = now;
+  obj.pin = spec.pin;
+  obj.pin_until = now + spec.pin_ttl;
+  {
+    std::lock_guard lock(shard.mu);
+    auto [it, inserted] = shard.objects.try_emplace(spec.key, obj);
+    if (!inserted) {  // lost a race with another put of the same key
+      FreeLater(std::move(obj.replicas), now);
+      return Status(StatusCode::kBusy, "another put of this key is open");
+    }
+    ++objects_;
+  }
+  FERRY_COUNT(puts_begun, 1);
+  return PutGrant{obj.put_id, std::move(alloc).value(), options_.put_timeout};
+}
+
+Status Master::PutEnd(const std::string& key, uint64_t put_id, bool commit) {
+  FERRY_RETURN_IF_ERROR(CheckKey(key));
+  Shard& shard = ShardOf(key);
+  std::lock_guard lock(shard.mu);
+  auto it = shard.objects.find(key);
+  const auto now = Clock::now();
+  if (it == shard.objects.end() || it->second.complete || it->second.put_id != put_id) {
+    return Status(StatusCode::kNotFound, "no open put " + std::to_string(put_id) +
+                                             " of this key (expired, aborted or node lost)");
+  }
+  if (commit && now < it->second.put_deadline) {
+    it->second.complete = true;
+    it->second.last_access = now;
+    FERRY_COUNT(puts_committed, 1);
+    return Status::Ok();
+  }
+  FreeLater(std::move(it->second.replicas), now + options_.write_grace);
+  shard.objects.erase(it);
+  --objects_;
+  FERRY_COUNT(puts_aborted, 1);
+  if (commit) return Status(StatusCode::kTimeout, "the put expired before its commit");
+  return Status::Ok();
+}
+
+Result<GetGrant> Master::Get(const std::string& key) {
+  FERRY_RETURN_IF_ERROR(CheckKey(key));
+  Shard& shard = ShardOf(key);
+  std::lock_guard lock(shard.mu);
+  auto it = shard.objects.find(key);
+  if (it == shard.objects.end() || !it->second.complete) {
+    FERRY_COUNT(get_misses, 1);
+    return Status(StatusCode::kNotFound, "no such key");
+  }
+  const auto now = Clock::now();
+  const uint64_t lease_id = next_lease_id_++;
+  (void)it->second.LeaseEnd(now);  // drop ended leases before adding one
+  it->second.leases.emplace_back(lease_id, now + options_.lease);
+  it->second.last_access = now;
+  FERRY_COUNT(gets, 1);
+  return GetGrant{it->second.size, it->second.replicas, options_.lease, lease_id};
+}
+
+Status Master::ReleaseLease(const std::string& key, uint64_t lease_id) {
+  FERRY_RETURN_IF_ERROR(CheckKey(key));
+  Shard& shard = ShardOf(key);
+  std::lock_guard lock(shard.mu);
+  auto it = shard.objects.find(key);
+  if (it != shard.objects.end()) {
+    auto& l = it->second.leases;
+    auto pos = std::find_if(l.begin(), l.end(), [&](const auto& x) { return x.first == lease_id; });
+    if (pos != l.end()) {
+      l.erase(pos);
+      return Status::Ok();
+    }
+  }
+  return Status(StatusCode::kNotFound, "no such lease (ended, or the key is gone)");
+}
+
+Clock::time_point Master::Object::LeaseEnd(Clock::time_point now) {
+  Clock::time_point end{};
+  std::erase_if(leases, [&](const auto& x) { return x.second <= now; });
+  for (const auto& x : leases) end = std::max(end, x.second);
+  return end;
+}
+
+Status Master::Exists(const std::string& key) {
+  FERRY_RETURN_IF_ERROR(CheckKey(key));
+  FERRY_COUNT(exists, 1);
+  Shard& shard = ShardOf(key);
+  std::lock_guard lock(shard.mu);
+  auto it = shard.objects.find(key);
+  if (it == shard.objects.end() || !it->second.complete) {
+    return Status(StatusCode::kNotFound, "no such key");
+  }
+  return Status::Ok();
+}
+
+Status Master::Remove(const std::string& key, bool force) {
+  FERRY_RETURN_IF_ERROR(CheckKey(key));
+  Shard& shard = ShardOf(key);
+  std::lock_guard lock(shard.mu);
+  auto it = shard.objects.find(key);
+  if (it == shard.objects.end()) return Status(StatusCode::kNotFound, "no such key");
+  Object& o = it->second;
+  const auto now = Clock::now();
+  if (!force && !o.complete) return Status(StatusCode::kBusy, "the key is being written");
+  const auto lease_end = o.LeaseEnd(now);
+  if (!force && lease_end > now) return Status(StatusCode::kBusy, "the key is leased");
+  auto until = o.complete ? lease_end : now + options_.write_grace;
+  FreeLater(std::move(o.replicas), until);
+  shard.objects.erase(it);
+  --objects_;
+  FERRY_COUNT(removes, 1);
+  return Status::Ok();
+}
+
+Status Master::SetPin(const std::string& key, Pin pin, Millis ttl) {
+  FERRY_RETURN_IF_ERROR(CheckKey(key));
+  Shard& shard = ShardOf(key);
+  std::lock_guard lock(shard.mu);
+  auto it = shard.objects.find(key);
+  if (it == shard.objects.end() || !it->second.complete) {
+    return Status(StatusCode::kNotFound, "no such key");
+  }
+  it->second.pin = pin;
+  it->second.pin_until = Clock::now() + ttl;
+  return Status::Ok();
+}
+
+uint64_t Master::Evict(uint64_t bytes, bool soft) {
+  struct Candidate {
+    bool soft_pinned;
+    Clock::time_point last_access;
+    std::string key;
+  };
+  const auto now = Clock::now();
+  auto evictable = [&](Object& o, bool* soft_pinned) {
+    *soft_pinned = o.pin == Pin::kSoft && o.pin_until > now;
+    return o.complete && o.pin != Pin::kHard && (soft || !*soft_pinned) && o.LeaseEnd(now) <= now;
+  };
+  std::vector<Candidate> cands;
+  for (auto& shard : shards_) {
+    std::lock_guard lock(shard->mu);
+    for (auto& [key, o] : shard->objects) {
+      bool sp = false;
+      if (evictable(o, &sp)) cands.push_back({sp, o.last_access, key});
+    }
+  }
+  std::sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) {
+    if (a.soft_pinned != b.soft_pinned) return !a.soft_pinned;
+    return a.last_access < b.last_access;
+  });
+  uint64_t freed = 0, count = 0;
+  for (const auto& c : cands) {
+    if (freed >= bytes) break;
+    Shard& shard = ShardOf(c.key);
+    std::lock_guard lock(shard.mu);
+    auto it = shard.objects.find(c.key);
+    bool sp = false;
+    if (it == shard.objects.end() || !evictable(it->second, &sp)) continue;  // changed since
+    freed += Bytes(it->second.replicas);
+    FreeLater(std::move(it->second.replicas), now);
+    shard.objects.erase(it);
+    --objects_;
+    ++count;
+  }
+  {
+    std::lock_guard l(stats_mu_);
+    counters_.evicted_objects += count;
+    counters_.evicted_bytes += freed;
+  }
+  return freed;
+}
+
+void Master::Tick() {
+  const auto now = Clock::now();
+  // Space whose lease or write grace has ended.
+  {
+    std::vector<Allocation> due;
+    {
+      std::lock_guard lock(deferred_mu_);
+      for (auto it = deferred_.begin(); it != deferred_.end();) {
+        if (it->until <= now) {
+          deferred_bytes_ -= Bytes({it->allocation});
+          due.push_back(std::move(it->allocation));
+          it = deferred_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (const auto& a : due) space_.Free(a);
+  }
+  // Abandoned puts.
+  uint64_t reclaimed = 0;
+  for (auto& shard : shards_) {
+    std::lock_guard lock(shard->mu);
+    for (auto it = shard->objects.begin(); it != shard->objects.end();) {
+      if (!it->second.complete && it->second.put_deadline <= now) {
+        FreeLater(std::move(it->second.replicas), now + options_.write_grace);
+        it = shard->objects.erase(it);
+        --objects_;
+        ++reclaimed;
+      } else {
+        ++it;
+      }
+    }
+  }
+  FERRY_COUNT(puts_reclaimed, reclaimed);
+  // Silent nodes.
+  for (const auto& [node, gen] : space_.Expire(now - options_.node_ttl)) {
+    FERRY_COUNT(nodes_expired, 1);
+    FERRY_LOG_WARN("master: node {} missed its heartbeat TTL; unmounting it", node);
+    DropNode(node, gen);
+  }
+  // Background eviction between the watermarks.
+  SpaceUsage u = space_.Usage();
+  const double cap = static_cast<double>(u.capacity);
+  if (u.capacity > 0 && static_cast<double>(u.used) > options_.high_watermark * cap) {
+    const auto target = static_cast<uint64_t>(options_.low_watermark * cap);
+    Evict(u.used - std::min(u.used, target), /*soft=*/false);
+  }
+}
+
+MasterStats Master::Stats() const {
+  MasterStats s;
+  {
+    std::lock_guard l(stats_mu_);
+    s = counters_;
+  }
+  s.space = space_.Usage();
+  s.objects = objects_.load();
+  std::lock_guard l(deferred_mu_);
+  s.deferred_bytes = deferred_bytes_;
+  return s;
+}
+
+}  // namespace ferry::store

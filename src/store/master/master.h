@@ -1,0 +1,173 @@
+// The master's metadata and policies, independent of gRPC: objects in sharded
+// maps, two-phase puts, read leases, pins, eviction and node liveness.
+//
+// An object is either being written (invisible to readers) or complete. Space
+// is reused only when nobody may still touch it: an object removed or evicted
+// while leased, or a put aborted or reclaimed, keeps its space until its lease
+// ends or a write grace passes. All clocks are monotonic. Thread safe.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/clock.h"
+#include "ferry/status.h"
+#include "store/master/space.h"
+
+namespace ferry::store {
+
+struct MasterOptions {
+  int shards = 16;
+  Millis lease{5000};            // a get's read lease
+  Millis put_timeout{10000};     // a begun put not committed by then is reclaimed
+  Millis write_grace{1000};      // aborted or reclaimed space waits this long for late writes
+  Millis node_ttl{5000};         // a node silent this long is unmounted
+  Millis tick{100};              // background reclaim, expiry and eviction period
+  double high_watermark = 0.90;  // background eviction starts above this fraction used
+  double low_watermark = 0.80;   // and stops below this one
+  uint64_t max_object_size = 1ull << 32;
+  uint32_t max_replicas = 8;
+};
+
+enum class Pin : uint8_t { kNone = 0, kSoft = 1, kHard = 2 };
+
+struct PutSpec {
+  std::string key;
+  uint64_t size = 0;
+  uint32_t replicas = 1;
+  std::string preferred;  // node to hold the first replica
+  Pin pin = Pin::kNone;
+  Millis pin_ttl{0};
+};
+
+struct PutGrant {
+  uint64_t put_id = 0;
+  std::vector<Allocation> replicas;
+  Millis timeout{0};
+};
+
+struct GetGrant {
+  uint64_t size = 0;
+  std::vector<Allocation> replicas;
+  Millis lease{0};
+  uint64_t lease_id = 0;  // for ReleaseLease
+};
+
+struct MasterStats {
+  SpaceUsage space;
+  uint64_t objects = 0;
+  uint64_t deferred_bytes = 0;  // freed but fenced by a lease or write grace
+  uint64_t puts_begun = 0, puts_committed = 0, puts_aborted = 0, puts_reclaimed = 0;
+  uint64_t gets = 0, get_misses = 0, exists = 0, removes = 0;
+  uint64_t evicted_objects = 0, evicted_bytes = 0, sync_evictions = 0;
+  uint64_t nodes_expired = 0, replicas_dropped = 0;
+};
+
+class Master {
+ public:
+  // Key limits checked by every operation.
+  static constexpr size_t kMaxKeyBytes = 1024;
+
+  // Starts the background thread (reclaim, node expiry, eviction).
+  explicit Master(MasterOptions options);
+  ~Master();
+  Master(const Master&) = delete;
+  Master& operator=(const Master&) = delete;
+
+  const MasterOptions& options() const { return options_; }
+
+  // Node membership. Mount replaces an earlier mount of the same node and drops
+  // the replicas it held. Heartbeat is NotFound for an unknown node, which then
+  // mounts again (after a master restart, or once expired).
+  Status Mount(const std::string& node, const std::vector<Region>& regions);
+  Status Heartbeat(const std::string& node);
+  Status Unmount(const std::string& node);
+
+  // Allocates the replicas of a new object, in state "writing". AlreadyExists
+  // if the key is complete, Busy while another put of it is open,
+  // ResourceExhausted when it fits nowhere even after evicting everything
+  // evictable. `client_node`: preferred when spec.preferred is empty.
+  Result<PutGrant> PutBegin(const PutSpec& spec, const std::string& client_node);
+  // Commits (the object becomes visible) or aborts an open put. NotFound when
+  // the put is unknown, expired or was aborted.
+  Status PutEnd(const std::string& key, uint64_t put_id, bool commit);
+  // Locations of a complete object, granting a read lease. NotFound otherwise.
+  Result<GetGrant> Get(const std::string& key);
+  // Ends a lease before its term, once its reader is done. NotFound when the
+  // object or the lease is gone (expired, or the object was removed).
+  Status ReleaseLease(const std::string& key, uint64_t lease_id);
+  // OK if complete, NotFound otherwise.
+  Status Exists(const std::string& key);
+  // Busy while leased or being written, unless forced.
+  Status Remove(const std::string& key, bool force);
+  // Sets the pin of a complete object; Pin::kNone unpins.
+  Status SetPin(const std::string& key, Pin pin, Millis ttl);
+
+  // Background work, also run by the thread every options.tick.
+  void Tick();
+  MasterStats Stats() const;
+
+  // InvalidArgument unless 1 <= key size <= kMaxKeyBytes.
+  static Status CheckKey(const std::string& key);
+
+ private:
+  struct Object {
+    uint64_t size = 0;
+    std::vector<Allocation> replicas;
+    bool complete = false;
+    uint64_t put_id = 0;
+    Clock::time_point put_deadline;
+    std::vector<std::pair<uint64_t, Clock::time_point>> leases;  // id, end
+    Clock::time_point last_access;
+    // When the last lease ends; drops the ended ones. Before `now`: unleased.
+    Clock::time_point LeaseEnd(Clock::time_point now);
+    Pin pin = Pin::kNone;
+    Clock::time_point pin_until;
+  };
+  struct Shard {
+    std::mutex mu;
+    std::unordered_map<std::string, Object> objects;  // guarded by mu
+  };
+  struct Deferred {
+    Allocation allocation;
+    Clock::time_point until;
+  };
+
+  Shard& ShardOf(const std::string& key);
+  // Frees an object's space now or, if it may still be touched, at `until`.
+  void FreeLater(std::vector<Allocation> replicas, Clock::time_point until);
+  // Evicts complete, unleased, unpinned objects, least recently used first,
+  // until `bytes` are free; with `soft`, soft-pinned ones after the others.
+  // Returns the bytes released.
+  uint64_t Evict(uint64_t bytes, bool soft);
+  void DropNode(const std::string& node, uint64_t generation);
+  void Loop();
+
+  const MasterOptions options_;
+  Space space_;
+  std::vector<std::unique_ptr<Shard>> shards_;
+  std::atomic<uint64_t> next_put_id_{1};
+  std::atomic<uint64_t> next_lease_id_{1};
+  std::atomic<uint64_t> objects_{0};
+
+  mutable std::mutex deferred_mu_;
+  std::vector<Deferred> deferred_;  // guarded by deferred_mu_
+  uint64_t deferred_bytes_ = 0;     // guarded by deferred_mu_
+
+  mutable std::mutex stats_mu_;
+  MasterStats counters_;  // guarded by stats_mu_; space and objects filled on read
+
+  std::mutex stop_mu_;
+  std::condition_variable stop_cv_;
+  bool stopping_ = false;  // guarded by stop_mu_
+  std::thread thread_;
+};
+
+}  // namespace ferry::store

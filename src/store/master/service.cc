@@ -1,0 +1,296 @@
+#include "store/master/service.h"
+
+#include <grpcpp/grpcpp.h>
+#include <httplib.h>
+
+#include <thread>
+
+#include "common/log.h"
+#include "proto/store.grpc.pb.h"
+#include "store/proto_util.h"
+
+namespace ferry::store {
+namespace {
+
+namespace pb = ::ferry::store::v1;
+
+// Pin TTLs beyond a year are refused rather than overflowing the clock.
+constexpr uint64_t kMaxTtlMs = 365ull * 24 * 3600 * 1000;
+
+grpc::Status BadRequest(const std::string& what) {
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, what);
+}
+
+// Checks the item count of a batch request.
+grpc::Status CheckCount(int n) {
+  if (n <= 0) return BadRequest("a request needs at least one item");
+  if (n > MasterServer::kMaxBatch) {
+    return BadRequest("at most " + std::to_string(MasterServer::kMaxBatch) + " items per request");
+  }
+  return grpc::Status::OK;
+}
+
+void ToProto(const Allocation& a, pb::Replica* r) {
+  for (const auto& e : a.extents) {
+    auto* x = r->add_extents();
+    x->set_segment(a.node);
+    x->set_addr(e.addr);
+    x->set_length(e.length);
+  }
+}
+
+// Runs a handler, turning anything thrown into INTERNAL: no exception crosses
+// the gRPC boundary.
+template <typename F>
+grpc::Status Guard(const char* what, F&& f) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    FERRY_LOG_ERROR("master: {}: {}", what, e.what());
+    return grpc::Status(grpc::StatusCode::INTERNAL, e.what());
+  }
+}
+
+class Service final : public pb::Master::Service {
+ public:
+  explicit Service(Master& m) : m_(m) {}
+
+  grpc::Status Mount(grpc::ServerContext*, const pb::MountRequest* req,
+                     pb::MountResponse* resp) override {
+    return Guard("Mount", [&] {
+      std::vector<Region> regions;
+      if (req->regions_size() > static_cast<int>(Space::kMaxRegions)) {
+        return BadRequest("too many regions");
+      }
+      for (const auto& r : req->regions()) regions.push_back({r.base(), r.size()});
+      SetStatus(m_.Mount(req->node(), regions), resp->mutable_status());
+      resp->set_node_ttl_ms(static_cast<uint64_t>(m_.options().node_ttl.count()));
+      return grpc::Status::OK;
+    });
+  }
+
+  grpc::Status Heartbeat(grpc::ServerContext*, const pb::NodeRequest* req,
+                         pb::NodeResponse* resp) override {
+    return Guard("Heartbeat", [&] {
+      SetStatus(m_.Heartbeat(req->node()), resp->mutable_status());
+      return grpc::Status::OK;
+    });
+  }
+
+  grpc::Status Unmount(grpc::ServerContext*, const pb::NodeRequest* req,
+                       pb::NodeResponse* resp) override {
+    return Guard("Unmount", [&] {
+      SetStatus(m_.Unmount(req->node()), resp->mutable_status());
+      return grpc::Status::OK;
+    });
+  }
+
+  grpc::Status PutBegin(grpc::ServerContext*, const pb::PutBeginRequest* req,
+                        pb::PutBeginResponse* resp) override {
+    return Guard("PutBegin", [&] {
+      if (auto st = CheckCount(req->items_size()); !st.ok()) return st;
+      const std::string client = req->prefer_local() ? req->client_node() : std::string();
+      for (const auto& item : req->items()) {
+        auto* out = resp->add_results();
+        PutSpec spec;
+        spec.key = item.key();
+        spec.size = item.size();
+        spec.replicas = item.replicas() == 0 ? 1 : item.replicas();
+        spec.preferred = item.preferred_segment();
+        if (!pb::PinKind_IsValid(item.pin()) || item.pin_ttl_ms() > kMaxTtlMs) {
+          SetStatus(Status(StatusCode::kInvalidArgument, "unknown pin kind or TTL over a year"),
+                    out->mutable_status());
+          continue;
+        }
+        spec.pin = static_cast<ferry::store::Pin>(item.pin());
+        spec.pin_ttl = Millis(item.pin_ttl_ms());
+        auto grant = m_.PutBegin(spec, client);
+        SetStatus(grant.status(), out->mutable_status());
+        if (!grant.ok()) continue;
+        out->set_put_id(grant.value().put_id);
+        out->set_timeout_ms(static_cast<uint64_t>(grant.value().timeout.count()));
+        for (const auto& a : grant.value().replicas) ToProto(a, out->add_replicas());
+      }
+      return grpc::Status::OK;
+    });
+  }
+
+  grpc::Status PutEnd(grpc::ServerContext*, const pb::PutEndRequest* req,
+                      pb::StatusesResponse* resp) override {
+    return Guard("PutEnd", [&] {
+      if (auto st = CheckCount(req->items_size()); !st.ok()) return st;
+      for (const auto& item : req->items()) {
+        SetStatus(m_.PutEnd(item.key(), item.put_id(), item.commit()), resp->add_results());
+      }
+      return grpc::Status::OK;
+    });
+  }
+
+  grpc::Status Get(grpc::ServerContext*, const pb::KeysRequest* req,
+                   pb::GetResponse* resp) override {
+    return Guard("Get", [&] {
+      if (auto st = CheckCount(req->keys_size()); !st.ok()) return st;
+      for (const auto& key : req->keys()) {
+        auto* out = resp->add_results();
+        auto grant = m_.Get(key);
+        SetStatus(grant.status(), out->mutable_status());
+        if (!grant.ok()) continue;
+        out->set_size(grant.value().size);
+        out->set_lease_ms(static_cast<uint64_t>(grant.value().lease.count()));
+        out->set_lease_id(grant.value().lease_id);
+        for (const auto& a : grant.value().replicas) ToProto(a, out->add_replicas());
+      }
+      return grpc::Status::OK;
+    });
+  }
+
+  grpc::Status ReleaseLeases(grpc::ServerContext*, const pb::ReleaseRequest* req,
+                             pb::StatusesResponse* resp) override {
+    return Guard("ReleaseLeases", [&] {
+      if (auto st = CheckCount(req->items_size()); !st.ok()) return st;
+      for (const auto& item : req->items()) {
+        SetStatus(m_.ReleaseLease(item.key(), item.lease_id()), resp->add_results());
+      }
+      return grpc::Status::OK;
+    });
+  }
+
+  grpc::Status Exists(grpc::ServerContext*, const pb::KeysRequest* req,
+                      pb::ExistsResponse* resp) override {
+    return Guard("Exists", [&] {
+      if (auto st = CheckCount(req->keys_size()); !st.ok()) return st;
+      for (const auto& key : req->keys()) SetStatus(m_.Exists(key), resp->add_results());
+      return grpc::Status::OK;
+    });
+  }
+
+  grpc::Status Remove(grpc::ServerContext*, const pb::RemoveRequest* req,
+                      pb::StatusesResponse* resp) override {
+    return Guard("Remove", [&] {
+      if (auto st = CheckCount(req->keys_size()); !st.ok()) return st;
+      for (const auto& key : req->keys()) {
+        SetStatus(m_.Remove(key, req->force()), resp->add_results());
+      }
+      return grpc::Status::OK;
+    });
+  }
+
+  grpc::Status Pin(grpc::ServerContext*, const pb::PinRequest* req,
+                   pb::StatusesResponse* resp) override {
+    return Guard("Pin", [&] {
+      if (auto st = CheckCount(req->items_size()); !st.ok()) return st;
+      for (const auto& item : req->items()) {
+        Status st =
+            !pb::PinKind_IsValid(item.kind()) || item.ttl_ms() > kMaxTtlMs
+                ? Status(StatusCode::kInvalidArgument, "unknown pin kind or TTL over a year")
+                : m_.SetPin(item.key(), static_cast<ferry::store::Pin>(item.kind()),
+                            Millis(item.ttl_ms()));
+        SetStatus(st, resp->add_results());
+      }
+      return grpc::Status::OK;
+    });
+  }
+
+ private:
+  Master& m_;
+};
+
+}  // namespace
+
+std::string MetricsText(const MasterStats& s) {
+  std::string out;
+  auto add = [&](const char* name, const char* type, const char* help, uint64_t v) {
+    out += fmt::format("# HELP ferry_{} {}\n# TYPE ferry_{} {}\nferry_{} {}\n", name, help, name,
+                       type, name, v);
+  };
+  add("store_capacity_bytes", "gauge", "Bytes contributed by mounted nodes.", s.space.capacity);
+  add("store_used_bytes", "gauge", "Bytes allocated to objects.", s.space.used);
+  add("store_deferred_bytes", "gauge", "Freed bytes still fenced by a lease or write grace.",
+      s.deferred_bytes);
+  add("store_nodes", "gauge", "Mounted nodes.", s.space.nodes);
+  add("store_objects", "gauge", "Objects, complete or being written.", s.objects);
+  add("store_puts_begun_total", "counter", "Puts begun.", s.puts_begun);
+  add("store_puts_committed_total", "counter", "Puts committed.", s.puts_committed);
+  add("store_puts_aborted_total", "counter", "Puts aborted or expired at commit.", s.puts_aborted);
+  add("store_puts_reclaimed_total", "counter", "Abandoned puts reclaimed.", s.puts_reclaimed);
+  add("store_gets_total", "counter", "Gets that found the key.", s.gets);
+  add("store_get_misses_total", "counter", "Gets that did not.", s.get_misses);
+  add("store_exists_total", "counter", "Exists checks.", s.exists);
+  add("store_removes_total", "counter", "Objects removed.", s.removes);
+  add("store_evicted_objects_total", "counter", "Objects evicted.", s.evicted_objects);
+  add("store_evicted_bytes_total", "counter", "Bytes evicted.", s.evicted_bytes);
+  add("store_sync_evictions_total", "counter", "Evictions run for a failed allocation.",
+      s.sync_evictions);
+  add("store_nodes_expired_total", "counter", "Nodes unmounted for missed heartbeats.",
+      s.nodes_expired);
+  add("store_replicas_dropped_total", "counter", "Replicas lost with their node.",
+      s.replicas_dropped);
+  return out;
+}
+
+class MasterServer::Impl {
+ public:
+  explicit Impl(const MasterOptions& o) : master(o), service(master) {}
+  Master master;
+  Service service;
+  std::unique_ptr<grpc::Server> server;
+  std::string address;
+  httplib::Server http;
+  int http_port = -1;
+  std::thread http_thread;
+};
+
+MasterServer::MasterServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+MasterServer::~MasterServer() {
+  if (impl_->http_port >= 0) {
+    impl_->http.stop();
+    impl_->http_thread.join();
+  }
+  impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+}
+
+const std::string& MasterServer::address() const { return impl_->address; }
+int MasterServer::http_port() const { return impl_->http_port; }
+Master& MasterServer::master() { return impl_->master; }
+
+Result<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterServerOptions& o) {
+  if (o.master.low_watermark > o.master.high_watermark || o.master.high_watermark > 1.0 ||
+      o.master.low_watermark < 0) {
+    return Status(StatusCode::kInvalidArgument, "watermarks need 0 <= low <= high <= 1");
+  }
+  auto impl = std::make_unique<Impl>(o.master);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(o.host + ":" + std::to_string(o.port), grpc::InsecureServerCredentials(),
+                           &port);
+  builder.RegisterService(&impl->service);
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  impl->server = builder.BuildAndStart();
+  if (impl->server == nullptr || port == 0) {
+    return Status(StatusCode::kUnavailable,
+                  "cannot serve gRPC on " + o.host + ":" + std::to_string(o.port));
+  }
+  impl->address = o.host + ":" + std::to_string(port);
+  if (o.http_port >= 0) {
+    Impl* raw = impl.get();
+    raw->http.Get("/metrics", [raw](const httplib::Request&, httplib::Response& res) {
+      res.set_content(MetricsText(raw->master.Stats()), "text/plain; version=0.0.4");
+    });
+    raw->http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content("ok\n", "text/plain");
+    });
+    int hp = o.http_port == 0 ? raw->http.bind_to_any_port(o.host)
+                              : (raw->http.bind_to_port(o.host, o.http_port) ? o.http_port : -1);
+    if (hp <= 0) {
+      raw->server->Shutdown();
+      return Status(StatusCode::kUnavailable,
+                    "cannot serve HTTP on port " + std::to_string(o.http_port));
+    }
+    raw->http_port = hp;
+    raw->http_thread = std::thread([raw] { raw->http.listen_after_bind(); });
+  }
+  return std::unique_ptr<MasterServer>(new MasterServer(std::move(impl)));
+}
+
+}  // namespace ferry::store

@@ -1,0 +1,46 @@
+// The master as a network service: the gRPC control plane (src/proto/store.proto)
+// and an HTTP endpoint with Prometheus text on /metrics and "ok" on /health.
+// Every request is validated here before it reaches the Master.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ferry/status.h"
+#include "store/master/master.h"
+
+namespace ferry::store {
+
+struct MasterServerOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;  // gRPC; 0 picks a free port
+  int http_port = 0;  // 0 picks a free port, -1 serves no HTTP
+  MasterOptions master;
+};
+
+class MasterServer {
+ public:
+  // Most items one request may carry.
+  static constexpr int kMaxBatch = 4096;
+
+  // Binds and starts serving. Unavailable when a port cannot be bound.
+  static Result<std::unique_ptr<MasterServer>> Start(const MasterServerOptions& options);
+  // Stops serving; in-flight calls get up to a second to finish.
+  ~MasterServer();
+
+  const std::string& address() const;  // "host:port" of the gRPC service
+  int http_port() const;               // -1 when not serving HTTP
+  Master& master();
+
+  class Impl;
+
+ private:
+  explicit MasterServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Prometheus exposition text of `stats`.
+std::string MetricsText(const MasterStats& stats);
+
+}  // namespace ferry::store

@@ -1,0 +1,92 @@
+#include "store/node/node.h"
+
+#include "common/log.h"
+#include "common/prefault.h"
+
+namespace ferry::store {
+
+StoreNode::StoreNode(Engine& engine, NodeOptions options, std::unique_ptr<MasterClient> client)
+    : engine_(engine),
+      options_(std::move(options)),
+      client_(std::move(client)),
+      period_(options_.heartbeat) {}
+
+Result<std::unique_ptr<StoreNode>> StoreNode::Start(Engine& engine, const NodeOptions& options,
+                                                    bool wait_for_mount) {
+  if (options.segments < 1 || options.segments > 64 || options.segment_size < 4096) {
+    return Status(StatusCode::kInvalidArgument, "a node needs 1 to 64 segments of at least 4 KiB");
+  }
+  if (options.heartbeat.count() <= 0) {
+    return Status(StatusCode::kInvalidArgument, "heartbeat period must be positive");
+  }
+  FERRY_ASSIGN_OR_RETURN(auto client, MasterClient::Connect(options.master, options.rpc_timeout));
+  std::unique_ptr<StoreNode> node(new StoreNode(engine, options, std::move(client)));
+  for (int i = 0; i < options.segments; ++i) {
+    FERRY_ASSIGN_OR_RETURN(void* p, engine.AllocateMemory(options.segment_size));
+    // Fault the pages in now, not on the first put that lands there.
+    Prefault(p, options.segment_size);
+    node->regions_.emplace_back(reinterpret_cast<uint64_t>(p), options.segment_size);
+  }
+  Status first = node->MountOnce();
+  if (!first.ok()) {
+    if (wait_for_mount) return first;
+    FERRY_LOG_WARN("node {}: first mount failed, retrying: {}", engine.name(), first.ToString());
+  }
+  node->thread_ = std::thread([n = node.get()] { n->Loop(); });
+  return node;
+}
+
+StoreNode::~StoreNode() {
+  if (thread_.joinable()) {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  if (mounted_) (void)client_->Unmount(engine_.name());
+  for (auto [addr, size] : regions_) (void)engine_.FreeMemory(reinterpret_cast<void*>(addr));
+}
+
+bool StoreNode::Owns(uint64_t addr, uint64_t length) const {
+  for (auto [base, size] : regions_) {
+    if (addr >= base && length <= size && addr - base <= size - length) return true;
+  }
+  return false;
+}
+
+Status StoreNode::MountOnce() {
+  Millis ttl{0};
+  Status st = client_->Mount(engine_.name(), regions_, &ttl);
+  if (!st.ok()) return st;
+  period_ = std::max(Millis(5), std::min(options_.heartbeat, ttl / 3));
+  mounted_ = true;
+  ++mounts_;
+  FERRY_LOG_INFO("node {}: mounted {} regions at {}", engine_.name(), regions_.size(),
+                 client_->address());
+  return Status::Ok();
+}
+
+void StoreNode::Loop() {
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
+    cv_.wait_for(lock, period_, [this] { return stopping_; });
+    if (stopping_) break;
+    lock.unlock();
+    if (mounted_) {
+      Status st = client_->Heartbeat(engine_.name());
+      if (st.code() == StatusCode::kNotFound) {
+        FERRY_LOG_WARN("node {}: the master forgot this node; mounting again", engine_.name());
+        mounted_ = false;
+      }
+    }
+    if (!mounted_) {
+      Status st = MountOnce();
+      if (!st.ok()) FERRY_LOG_DEBUG("node {}: mount: {}", engine_.name(), st.ToString());
+    }
+    lock.lock();
+  }
+}
+
+}  // namespace ferry::store

@@ -1,0 +1,65 @@
+// A store node: contributes memfd-backed memory of an engine to the store. It
+// mounts the memory at the master, heartbeats, and mounts again whenever the
+// master no longer knows it (a master restart, or after missing its TTL).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/clock.h"
+#include "ferry/engine.h"
+#include "store/client/master_client.h"
+
+namespace ferry::store {
+
+struct NodeOptions {
+  std::string master;                   // "host:port"
+  uint64_t segment_size = 64ull << 20;  // bytes per region
+  int segments = 1;                     // regions, each one AllocateMemory buffer
+  Millis heartbeat{1000};               // period; also capped at a third of the master's TTL
+  Millis rpc_timeout{2000};
+};
+
+class StoreNode {
+ public:
+  // Allocates the regions from `engine` (which must outlive the node) and
+  // starts the session with the master. With wait_for_mount, fails unless the
+  // first mount succeeds; otherwise keeps trying in the background.
+  static Result<std::unique_ptr<StoreNode>> Start(Engine& engine, const NodeOptions& options,
+                                                  bool wait_for_mount);
+  // Stops heartbeats, unmounts (bounded by rpc_timeout) and frees the memory.
+  ~StoreNode();
+
+  const std::string& name() const { return engine_.name(); }
+  bool mounted() const { return mounted_.load(); }
+  uint64_t mounts() const { return mounts_.load(); }  // successful mounts so far
+  // Whether [addr, addr+length) lies inside this node's memory: what the
+  // master names there may be copied in this process directly.
+  bool Owns(uint64_t addr, uint64_t length) const;
+
+ private:
+  StoreNode(Engine& engine, NodeOptions options, std::unique_ptr<MasterClient> client);
+  Status MountOnce();
+  void Loop();
+
+  Engine& engine_;
+  const NodeOptions options_;
+  std::unique_ptr<MasterClient> client_;
+  std::vector<std::pair<uint64_t, uint64_t>> regions_;
+  std::atomic<bool> mounted_{false};
+  std::atomic<uint64_t> mounts_{0};
+  Millis period_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;  // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace ferry::store

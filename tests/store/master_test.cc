@@ -1,0 +1,178 @@
+// The master's policies through its own interface, with no network: two-phase
+// puts, leases fencing removal and eviction, pins, eviction order and node loss.
+#include "store/master/master.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "store/master/service.h"
+#include "store_cluster.h"
+
+namespace ferry::store {
+namespace {
+
+constexpr uint64_t kBase = 1ull << 30;
+
+MasterOptions Fast() {
+  MasterOptions o;
+  o.lease = Millis(300);
+  o.put_timeout = Millis(300);
+  o.write_grace = Millis(0);
+  o.node_ttl = Millis(60000);  // no heartbeats here, except where a test sends them
+  o.tick = Millis(10);
+  return o;
+}
+
+using test::Eventually;
+
+Status Put(Master& m, const std::string& key, uint64_t size, uint32_t replicas = 1) {
+  auto g = m.PutBegin({key, size, replicas, "", Pin::kNone, Millis(0)}, "");
+  if (!g.ok()) return g.status();
+  return m.PutEnd(key, g.value().put_id, true);
+}
+
+TEST(Master, APutIsInvisibleUntilCommittedAndAbortFreesIt) {
+  Master m(Fast());
+  ASSERT_TRUE(m.Mount("n:1", {{kBase, 1 << 20}}).ok());
+  auto g = m.PutBegin({"k", 1000, 1, "", Pin::kNone, Millis(0)}, "");
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(m.Exists("k").code(), StatusCode::kNotFound);
+  EXPECT_EQ(m.Get("k").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(m.PutBegin({"k", 1000, 1, "", Pin::kNone, Millis(0)}, "").status().code(),
+            StatusCode::kBusy);
+  EXPECT_EQ(m.PutEnd("k", g.value().put_id + 1, true).code(), StatusCode::kNotFound);
+  ASSERT_TRUE(m.PutEnd("k", g.value().put_id, true).ok());
+  EXPECT_TRUE(m.Exists("k").ok());
+  EXPECT_EQ(m.PutBegin({"k", 1000, 1, "", Pin::kNone, Millis(0)}, "").status().code(),
+            StatusCode::kAlreadyExists);
+  auto g2 = m.PutBegin({"j", 1000, 1, "", Pin::kNone, Millis(0)}, "");
+  ASSERT_TRUE(m.PutEnd("j", g2.value().put_id, false).ok());
+  EXPECT_EQ(m.Exists("j").code(), StatusCode::kNotFound);
+}
+
+TEST(Master, AbandonedPutIsReclaimed) {
+  Master m(Fast());
+  ASSERT_TRUE(m.Mount("n:1", {{kBase, 4096}}).ok());
+  auto g = m.PutBegin({"k", 4096, 1, "", Pin::kNone, Millis(0)}, "");
+  ASSERT_TRUE(g.ok());
+  EXPECT_TRUE(Eventually([&] { return m.Stats().puts_reclaimed == 1; }));
+  EXPECT_EQ(m.PutEnd("k", g.value().put_id, true).code(), StatusCode::kNotFound);
+  EXPECT_TRUE(Eventually([&] { return m.Stats().space.used == 0; }));
+  EXPECT_TRUE(Put(m, "k", 4096).ok());  // the space is back
+}
+
+TEST(Master, LeaseRefusesRemoveUnlessForcedAndFencesTheSpace) {
+  MasterOptions o = Fast();
+  o.lease = Millis(2000);  // far longer than the few calls below take
+  Master m(o);
+  ASSERT_TRUE(m.Mount("n:1", {{kBase, 4096}}).ok());
+  ASSERT_TRUE(Put(m, "k", 4096).ok());
+  auto g = m.Get("k");
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(m.Remove("k", false).code(), StatusCode::kBusy);
+  ASSERT_TRUE(m.Remove("k", true).ok());
+  EXPECT_EQ(m.Exists("k").code(), StatusCode::kNotFound);
+  // The leased bytes are not handed out again before the lease ends, and
+  // nothing else is evictable: "no space" is the right answer now.
+  EXPECT_EQ(m.PutBegin({"x", 4096, 1, "", Pin::kNone, Millis(0)}, "").status().code(),
+            StatusCode::kResourceExhausted);
+  EXPECT_EQ(m.Stats().deferred_bytes, 4096u);
+  EXPECT_TRUE(Eventually([&] { return m.Stats().deferred_bytes == 0; }));
+  EXPECT_TRUE(Put(m, "x", 4096).ok());
+}
+
+TEST(Master, ReleasedLeasesNoLongerFence) {
+  MasterOptions o = Fast();
+  o.lease = Millis(60000);
+  Master m(o);
+  ASSERT_TRUE(m.Mount("n:1", {{kBase, 4096}}).ok());
+  ASSERT_TRUE(Put(m, "k", 4096).ok());
+  auto a = m.Get("k");
+  auto b = m.Get("k");
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_NE(a.value().lease_id, b.value().lease_id);
+  ASSERT_TRUE(m.ReleaseLease("k", a.value().lease_id).ok());
+  EXPECT_EQ(m.ReleaseLease("k", a.value().lease_id).code(), StatusCode::kNotFound);
+  EXPECT_EQ(m.Remove("k", false).code(), StatusCode::kBusy);  // b still reads
+  ASSERT_TRUE(m.ReleaseLease("k", b.value().lease_id).ok());
+  ASSERT_TRUE(m.Remove("k", false).ok());
+  EXPECT_TRUE(Put(m, "x", 4096).ok());  // the space was freed at once
+}
+
+TEST(Master, SyncEvictionTakesLeastRecentlyUsedAndSparesLeasedAndPinned) {
+  MasterOptions o = Fast();
+  o.lease = Millis(60000);
+  o.high_watermark = 1.0;  // background eviction off: only allocation failures evict
+  o.low_watermark = 1.0;
+  Master m(o);
+  ASSERT_TRUE(m.Mount("n:1", {{kBase, 4 * 4096}}).ok());
+  for (const char* k : {"a", "b", "c", "d"}) ASSERT_TRUE(Put(m, k, 4096).ok());
+  ASSERT_TRUE(m.Get("a").ok());  // leased: never evicted
+  ASSERT_TRUE(m.SetPin("b", Pin::kHard, Millis(0)).ok());
+  ASSERT_TRUE(m.SetPin("c", Pin::kSoft, Millis(60000)).ok());
+  // d is the only plain candidate; then the soft pin is the last resort.
+  ASSERT_TRUE(Put(m, "e", 4096).ok());
+  EXPECT_EQ(m.Exists("d").code(), StatusCode::kNotFound);
+  EXPECT_TRUE(m.Exists("c").ok());
+  ASSERT_TRUE(Put(m, "f", 4096).ok());  // evicts e (unpinned) before c
+  EXPECT_EQ(m.Exists("e").code(), StatusCode::kNotFound);
+  EXPECT_TRUE(m.Exists("c").ok());
+  ASSERT_TRUE(m.SetPin("f", Pin::kHard, Millis(0)).ok());
+  ASSERT_TRUE(Put(m, "g", 4096).ok());  // only the soft pin is left
+  EXPECT_EQ(m.Exists("c").code(), StatusCode::kNotFound);
+  ASSERT_TRUE(m.SetPin("g", Pin::kHard, Millis(0)).ok());
+  // Nothing evictable remains: now, and only now, "no space".
+  EXPECT_EQ(Put(m, "h", 4096).code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(m.Exists("a").ok());
+  EXPECT_TRUE(m.Exists("b").ok());
+}
+
+TEST(Master, BackgroundEvictionBringsUsageUnderTheLowWatermark) {
+  MasterOptions o = Fast();
+  o.high_watermark = 0.5;
+  o.low_watermark = 0.25;
+  Master m(o);
+  ASSERT_TRUE(m.Mount("n:1", {{kBase, 8 * 4096}}).ok());
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(Put(m, fmt::format("k{}", i), 4096).ok());
+  EXPECT_TRUE(Eventually([&] { return m.Stats().space.used <= 2 * 4096; }));
+  EXPECT_TRUE(m.Exists("k7").ok());  // the most recent stays
+  EXPECT_EQ(m.Exists("k0").code(), StatusCode::kNotFound);
+}
+
+TEST(Master, SilentNodeLosesItsReplicasAndLoneObjectsDisappear) {
+  MasterOptions o = Fast();
+  o.node_ttl = Millis(300);
+  Master m(o);
+  ASSERT_TRUE(m.Mount("a:1", {{kBase, 1 << 20}}).ok());
+  ASSERT_TRUE(m.Mount("b:1", {{kBase, 1 << 20}}).ok());
+  auto g = m.PutBegin({"both", 100, 2, "", Pin::kNone, Millis(0)}, "");
+  ASSERT_TRUE(g.ok() && m.PutEnd("both", g.value().put_id, true).ok());
+  g = m.PutBegin({"on_a", 100, 1, "a:1", Pin::kNone, Millis(0)}, "");
+  ASSERT_TRUE(g.ok() && m.PutEnd("on_a", g.value().put_id, true).ok());
+  ASSERT_EQ(g.value().replicas[0].node, "a:1");
+  // b keeps heartbeating, a goes silent.
+  EXPECT_TRUE(Eventually([&] {
+    (void)m.Heartbeat("b:1");
+    return m.Exists("on_a").code() == StatusCode::kNotFound;
+  }));
+  EXPECT_EQ(m.Heartbeat("a:1").code(), StatusCode::kNotFound);  // it must mount again
+  auto both = m.Get("both");
+  ASSERT_TRUE(both.ok());
+  ASSERT_EQ(both.value().replicas.size(), 1u);
+  EXPECT_EQ(both.value().replicas[0].node, "b:1");
+}
+
+TEST(Master, MetricsText) {
+  Master m(Fast());
+  ASSERT_TRUE(m.Mount("a:1", {{kBase, 1 << 20}}).ok());
+  ASSERT_TRUE(Put(m, "k", 100).ok());
+  std::string t = MetricsText(m.Stats());
+  EXPECT_NE(t.find("ferry_store_nodes 1\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("ferry_store_objects 1\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("# TYPE ferry_store_puts_committed_total counter"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ferry::store

@@ -1,0 +1,68 @@
+// A master and nodes in their own processes on loopback, started from the
+// `ferry` binary built beside the tests (FERRY_BIN, or $FERRY_BIN).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/local_cluster.h"
+#include "common/clock.h"
+#include "ferry/store.h"
+#include "integration/peer.h"
+
+namespace ferry::test {
+
+inline std::string FerryBin() {
+  const char* env = std::getenv("FERRY_BIN");
+  return env != nullptr && *env != '\0' ? env : FERRY_BIN;
+}
+
+struct Cluster {
+  cli::MasterProcess master;
+  std::vector<cli::NodeProcess> nodes;
+};
+
+// Short timeouts keep the tests quick; each test may add master flags.
+inline Result<Cluster> StartCluster(int nodes, const std::string& node_size,
+                                    std::vector<std::string> master_args = {}) {
+  Cluster c;
+  master_args.insert(master_args.end(), {"--tick-ms", "20"});
+  FERRY_ASSIGN_OR_RETURN(c.master, cli::SpawnMaster(FerryBin(), master_args));
+  for (int i = 0; i < nodes; ++i) {
+    FERRY_ASSIGN_OR_RETURN(auto n,
+                           cli::SpawnNode(FerryBin(), c.master.address,
+                                          {"--segment-size", node_size, "--heartbeat-ms", "50"}));
+    c.nodes.push_back(std::move(n));
+  }
+  return c;
+}
+
+// A pure client (no memory of its own) of `master`.
+inline Result<std::unique_ptr<Store>> Client(const std::string& master,
+                                             StoreOptions o = StoreOptions()) {
+  o.master = master;
+  o.local_memory = 0;
+  return Store::Create(o);
+}
+
+template <typename F>
+bool Eventually(F&& cond, Millis limit = Millis(15000)) {
+  Deadline d = Deadline::After(limit);
+  while (!cond()) {
+    if (d.Expired()) return false;
+    std::this_thread::sleep_for(Millis(20));
+  }
+  return true;
+}
+
+inline std::vector<uint8_t> Pattern(size_t n, uint64_t seed) {
+  std::vector<uint8_t> v(n);
+  FillRandom(v.data(), n, seed);
+  return v;
+}
+
+}  // namespace ferry::test
