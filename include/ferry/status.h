@@ -30,6 +30,8 @@ enum class StatusCode : uint8_t {
   kInternal = 14,
   kBusy = 15,  // e.g. a store object under a read lease; retry later or force
 };
+// The highest code; wire decoders refuse anything above it.
+inline constexpr StatusCode kLastStatusCode = StatusCode::kBusy;
 
 std::string_view StatusCodeName(StatusCode code);
 

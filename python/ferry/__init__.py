@@ -14,7 +14,7 @@ from . import _ferry  # noqa: F401  (the extension; fails early if it is missing
 from .buffers import Buffer, resolve
 from .engine import (READ, WRITE, BatchStatus, BufferInfo, Read, Request, RequestResult,
                      Segment, SegmentInfo, Transfer, TransferEngine, Write)
-from .errors import (AlreadyExists, Cancelled, ConnectionLost, FerryError, Internal,
+from .errors import (AlreadyExists, Busy, Cancelled, ConnectionLost, FerryError, Internal,
                      InvalidArgument, IoError, NotFound, NotSupported, OutOfRange,
                      PeerRestarted, ProtocolError, ResourceExhausted, Timeout, Unavailable,
                      error_class)
@@ -24,5 +24,5 @@ __all__ = [
     "Segment", "SegmentInfo", "Transfer", "TransferEngine", "Write", "resolve",
     "FerryError", "error_class", "InvalidArgument", "NotFound", "AlreadyExists", "OutOfRange",
     "Timeout", "Cancelled", "ConnectionLost", "ProtocolError", "NotSupported",
-    "ResourceExhausted", "Unavailable", "PeerRestarted", "IoError", "Internal",
+    "ResourceExhausted", "Unavailable", "PeerRestarted", "IoError", "Internal", "Busy",
 ]

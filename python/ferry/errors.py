@@ -69,11 +69,16 @@ class Internal(FerryError):
     code = 14
 
 
+class Busy(FerryError):
+    """In use: a store object under a read lease or being written."""
+    code = 15
+
+
 _BY_CODE: dict[int, type[FerryError]] = {
     cls.code: cls
     for cls in (InvalidArgument, NotFound, AlreadyExists, OutOfRange, Timeout, Cancelled,
                 ConnectionLost, ProtocolError, NotSupported, ResourceExhausted, Unavailable,
-                PeerRestarted, IoError, Internal)
+                PeerRestarted, IoError, Internal, Busy)
 }
 
 

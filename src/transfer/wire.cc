@@ -44,7 +44,7 @@ Result<Header> DecodeHeader(const uint8_t in[kHeaderSize]) {
       opcode > static_cast<uint8_t>(Opcode::kReadData)) {
     return bad("unknown opcode " + std::to_string(opcode));
   }
-  if (status > static_cast<uint8_t>(StatusCode::kInternal)) return bad("unknown status");
+  if (status > static_cast<uint8_t>(kLastStatusCode)) return bad("unknown status");
   if (reserved != 0) return bad("reserved byte set");
   h.opcode = static_cast<Opcode>(opcode);
   h.status = static_cast<StatusCode>(status);
