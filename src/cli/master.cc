@@ -5,14 +5,12 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli.h"
-#include "common/log.h"
 #include "store/master/service.h"
 
 namespace ferry::cli {
 
 int Master(const MasterArgs& args) {
   BlockStopSignals();
-  log::Init();
   store::MasterServerOptions o;
   o.host = args.host;
   o.port = args.port;

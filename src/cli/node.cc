@@ -7,13 +7,11 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli.h"
-#include "common/log.h"
 
 namespace ferry::cli {
 
 int Node(const NodeArgs& args) {
   BlockStopSignals();
-  log::Init();
   EngineOptions eo;
   eo.host = args.host;
   eo.port = args.port;

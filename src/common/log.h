@@ -10,8 +10,6 @@ namespace ferry::log {
 
 // The logger, made on first use with FERRY_LOG_LEVEL applied.
 spdlog::logger& Get();
-// Makes the logger now; cheap to call repeatedly.
-inline void Init() { Get(); }
 
 }  // namespace ferry::log
 

@@ -1,6 +1,5 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
-#include <sys/prctl.h>
 
 #include <algorithm>
 #include <atomic>
@@ -10,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/poll_pacer.h"
 #include "gpu/copier.h"
 #include "gpu/cuda_util.h"
 #include "gpu/gpu.h"
@@ -90,9 +90,7 @@ class CudaCopier : public Copier {
       for (int b = 0; b < n; ++b) EnablePeerAccess(a, b);
     }
     poller_ = std::thread([this] {
-      // Its short sleeps must be short: the default 50 us timer slack would
-      // add more than a fast copy takes.
-      prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+      PollPacer::TightenTimerSlack();
       Poll();
     });
     return Status::Ok();
@@ -261,7 +259,7 @@ class CudaCopier : public Copier {
   void Poll() {
     std::deque<Pending> mine;
     std::vector<cudaStream_t> blocked;
-    auto last_progress = std::chrono::steady_clock::now();
+    PollPacer pacer;
     for (;;) {
       {
         std::unique_lock lk(mu_);
@@ -295,18 +293,7 @@ class CudaCopier : public Copier {
         done(st);
         progressed = true;
       }
-      // Spin briefly after progress, when more completions are likely close
-      // (a sleep there cost 64 MiB GPU-to-GPU copies 4% on an H200); a sleep
-      // of 20 us otherwise bounds the thread's cost.
-      auto now = std::chrono::steady_clock::now();
-      if (progressed) last_progress = now;
-      if (!progressed && !mine.empty()) {
-        if (now - last_progress < std::chrono::microseconds(200)) {
-          std::this_thread::yield();
-        } else {
-          std::this_thread::sleep_for(std::chrono::microseconds(20));
-        }
-      }
+      pacer.AfterLook(progressed, !mine.empty(), [](auto d) { std::this_thread::sleep_for(d); });
     }
   }
 

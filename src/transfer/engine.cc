@@ -125,7 +125,6 @@ class Engine::Impl {
   }
 
   Status Init() {
-    log::Init();
     ApplyEnv();
     if (options_.metadata != "p2p") {
       return Status(StatusCode::kNotSupported,

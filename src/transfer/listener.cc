@@ -175,6 +175,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       }
       case Opcode::kGetDescriptor: {
         auto desc = std::make_shared<std::vector<uint8_t>>(descriptor_());
+        // The reply may wait behind others: `desc` lives until it is written.
         Reply({Opcode::kDescriptor, StatusCode::kOk, h.id, 0, desc->size()}, desc->data(),
               [desc] {});
         return ReadNext();

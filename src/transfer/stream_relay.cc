@@ -1,7 +1,5 @@
 #include "transfer/stream_relay.h"
 
-#include <sys/prctl.h>
-
 #include <algorithm>
 #include <condition_variable>
 #include <list>
@@ -11,6 +9,7 @@
 #include <unordered_map>
 
 #include "common/log.h"
+#include "common/poll_pacer.h"
 #include "gpu/copier.h"
 #include "gpu/gpu.h"
 #include "transfer/transport.h"
@@ -46,8 +45,8 @@ struct Job {
   std::vector<Window> windows;
   uint32_t final_seq = 0;
   std::shared_ptr<BatchState> state;
-  std::atomic<size_t> outstanding{0};  // tasks of the posted window
   std::mutex mu;
+  size_t outstanding = 0;             // tasks of the posted window; guarded by mu
   size_t next = 0;                    // the window waiting for the stream; guarded by mu
   bool posted = false;                // whether `next` is with the transports; guarded by mu
   std::map<uint32_t, Status> status;  // per request; guarded by mu
@@ -82,7 +81,7 @@ class StreamRelay::Core : public std::enable_shared_from_this<StreamRelay::Core>
       free_.push_back(&slots_[i]);
     }
     watcher_ = std::thread([this] {
-      prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);  // as the copier's completion thread
+      PollPacer::TightenTimerSlack();
       Watch();
     });
     return Status::Ok();
@@ -215,7 +214,6 @@ class StreamRelay::Core : public std::enable_shared_from_this<StreamRelay::Core>
   // stream may have waited long behind the caller's own work.
   void Post(const std::shared_ptr<Job>& job, size_t w) {
     const Window& win = job->windows[w];
-    job->outstanding.store(win.chunks.size(), std::memory_order_relaxed);
     Deadline deadline = Deadline::After(timeout_);
     job->state->NoteDeadline(deadline);
     std::unordered_map<Endpoint*, std::vector<Task>> posts;
@@ -246,7 +244,7 @@ class StreamRelay::Core : public std::enable_shared_from_this<StreamRelay::Core>
       std::lock_guard lk(job->mu);
       Status& st = job->status[index];
       if (st.ok() && !s.ok()) st = s;
-      if (job->outstanding.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+      if (--job->outstanding != 0) return;
       seq = job->windows[job->next].seq;
       ++job->next;
       job->posted = false;
@@ -273,7 +271,7 @@ class StreamRelay::Core : public std::enable_shared_from_this<StreamRelay::Core>
   // The watcher: reads the stream-written flags, never calls CUDA.
   void Watch() {
     std::vector<std::shared_ptr<Job>> mine;
-    auto last_progress = Clock::now();
+    PollPacer pacer;
     for (;;) {
       {
         std::unique_lock lk(mu_);
@@ -298,6 +296,7 @@ class StreamRelay::Core : public std::enable_shared_from_this<StreamRelay::Core>
             if (!job.posted && Reached(gpu, job.windows[job.next].seq)) {
               job.posted = true;
               post = job.next;
+              job.outstanding = job.windows[post].chunks.size();
             }
           } else {
             finished = Reached(gpu, job.final_seq);
@@ -316,18 +315,10 @@ class StreamRelay::Core : public std::enable_shared_from_this<StreamRelay::Core>
         }
         ++it;
       }
-      // As the copier's completion thread: spin briefly after progress, else
-      // sleep 20 us between looks.
-      auto now = Clock::now();
-      if (progressed) last_progress = now;
-      if (!progressed && !mine.empty()) {
-        if (now - last_progress < std::chrono::microseconds(200)) {
-          std::this_thread::yield();
-        } else {
-          std::unique_lock lk(mu_);
-          cv_.wait_for(lk, std::chrono::microseconds(20));
-        }
-      }
+      pacer.AfterLook(progressed, !mine.empty(), [this](auto d) {
+        std::unique_lock lk(mu_);
+        cv_.wait_for(lk, d);  // a finished window cuts it short
+      });
     }
   }
 

@@ -126,22 +126,28 @@ Status MasterClient::Mount(const std::string& node,
   return FromProto(resp.status());
 }
 
-Status MasterClient::Heartbeat(const std::string& node) {
+namespace {
+// A call that names a node and is answered with a status.
+using NodeRpc = grpc::Status (pb::Master::Stub::*)(grpc::ClientContext*, const pb::NodeRequest&,
+                                                   pb::NodeResponse*);
+
+Status CallForNode(pb::Master::Stub& stub, NodeRpc rpc, const char* what, Millis timeout,
+                   const std::string& node) {
   pb::NodeRequest req;
   req.set_node(node);
   pb::NodeResponse resp;
-  auto ctx = Context(impl_->timeout);
-  FERRY_RETURN_IF_ERROR(FromGrpc(impl_->stub->Heartbeat(ctx.get(), req, &resp), "Heartbeat"));
+  auto ctx = Context(timeout);
+  FERRY_RETURN_IF_ERROR(FromGrpc((stub.*rpc)(ctx.get(), req, &resp), what));
   return FromProto(resp.status());
+}
+}  // namespace
+
+Status MasterClient::Heartbeat(const std::string& node) {
+  return CallForNode(*impl_->stub, &pb::Master::Stub::Heartbeat, "Heartbeat", impl_->timeout, node);
 }
 
 Status MasterClient::Unmount(const std::string& node) {
-  pb::NodeRequest req;
-  req.set_node(node);
-  pb::NodeResponse resp;
-  auto ctx = Context(impl_->timeout);
-  FERRY_RETURN_IF_ERROR(FromGrpc(impl_->stub->Unmount(ctx.get(), req, &resp), "Unmount"));
-  return FromProto(resp.status());
+  return CallForNode(*impl_->stub, &pb::Master::Stub::Unmount, "Unmount", impl_->timeout, node);
 }
 
 // Runs `call(first, count)` over chunks of at most the master's batch limit.

@@ -386,7 +386,6 @@ Store::Store(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Store::~Store() = default;
 
 Result<std::unique_ptr<Store>> Store::Create(StoreOptions options) {
-  log::Init();
   auto impl = std::make_unique<Impl>();
   impl->opts = options;
   if (options.replicas == 0) {
