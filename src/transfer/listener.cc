@@ -6,6 +6,7 @@
 #include <mutex>
 #include <optional>
 
+#include "common/cache.h"
 #include "common/log.h"
 #include "gpu/copier.h"
 #include "transfer/memory_registry.h"
@@ -271,6 +272,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Runs `fn` on this connection's strand once a staging buffer is free. The
   // connection reads no further frame meanwhile, which bounds what it holds.
   void WithStaging(std::function<void(char*)> fn) {
+    if (char* buf = gpu_->staging->TryTake()) return fn(buf);
     gpu_->staging->Take([self = shared_from_this(), fn = std::move(fn)](char* buf) mutable {
       asio::post(self->sock_.get_executor(), [buf, fn = std::move(fn)] { fn(buf); });
     });
@@ -301,6 +303,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
               self->GiveBack(buf);
               return self->Shutdown();
             }
+            WriteBackForDma(buf, h.length);
             self->CopyThen(reinterpret_cast<void*>(h.addr), buf, h.length, device,
                            [self, h, out, buf](const Status& st) {
                              self->GiveBack(buf);
@@ -350,6 +353,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
             return self->Shutdown();
           }
           char* dst = reinterpret_cast<char*>(h.addr) + off;
+          WriteBackForDma(buf, n);
           self->CopyThen(dst, buf, n, device, [self, h, device, buf, off, n](const Status& st) {
             self->EndFrame();
             if (st.ok() && off + n < h.length) {

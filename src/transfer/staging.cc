@@ -37,6 +37,14 @@ void StagingPool::Take(std::function<void(char*)> fn) {
   fn(buf);
 }
 
+char* StagingPool::TryTake() {
+  std::lock_guard lk(mu_);
+  if (free_.empty()) return nullptr;
+  char* buf = free_.back();
+  free_.pop_back();
+  return buf;
+}
+
 void StagingPool::Give(char* buf) {
   std::function<void(char*)> next;
   {

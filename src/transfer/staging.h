@@ -24,6 +24,9 @@ class StagingPool {
   // Calls `fn` with a buffer: now, on this thread, when one is free; else on
   // the thread of the Give that frees one, in request order. `fn` must not block.
   void Take(std::function<void(char*)> fn);
+  // A free buffer now, or null. Never ahead of a waiting Take: Give hands a
+  // buffer to the first waiter, so none is free while one waits.
+  char* TryTake();
   void Give(char* buf);
 
  private:

@@ -8,6 +8,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "common/cache.h"
 #include "common/log.h"
 #include "common/poll_pacer.h"
 #include "gpu/copier.h"
@@ -229,8 +230,13 @@ class StreamRelay::Core : public std::enable_shared_from_this<StreamRelay::Core>
       t.index = c.index;
       t.deadline = deadline;
       t.batch = job->state;
+      // A read staged here is read next by the stream's copy (see common/cache.h).
+      const bool dma_next = c.staged && c.op == Op::kRead;
       t.on_done = std::make_shared<std::function<void(const Status&)>>(
-          [self, job, index = c.index](const Status& s) { self->ChunkDone(job, index, s); });
+          [self, job, index = c.index, dma_next, buf = t.local, n = t.length](const Status& s) {
+            if (dma_next && s.ok()) WriteBackForDma(buf, n);
+            self->ChunkDone(job, index, s);
+          });
       auto& v = posts[c.endpoint.get()];
       if (v.empty()) order.push_back(c.endpoint.get());
       v.push_back(std::move(t));

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <functional>
 
+#include "common/cache.h"
 #include "common/log.h"
 #include "gpu/copier.h"
 #include "gpu/gpu.h"
@@ -104,6 +105,7 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
         self->Release(buf);
         return t.Done(s);
       }
+      WriteBackForDma(buf, t.length);
       self->copier_->CopyAsync(t.local, buf, t.length, t.gpu_device, t.ready,
                                [self, t, buf](const Status& s2) {
                                  self->Release(buf);
