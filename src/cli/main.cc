@@ -30,19 +30,24 @@ Result<uint64_t> ParseSize(const std::string& s) {
   return v * mul;
 }
 
-void BlockStopSignals() {
+namespace {
+sigset_t StopSignals(std::initializer_list<int> extra) {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
+  for (int sig : extra) sigaddset(&set, sig);
+  return set;
+}
+}  // namespace
+
+void BlockStopSignals(std::initializer_list<int> extra) {
+  sigset_t set = StopSignals(extra);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
-int WaitForStopSignal() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
+int WaitForStopSignal(std::initializer_list<int> extra) {
+  sigset_t set = StopSignals(extra);
   int sig = 0;
   sigwait(&set, &sig);
   return sig;
