@@ -2,7 +2,6 @@
 #pragma once
 
 #include <cstdint>
-#include <initializer_list>
 #include <string>
 
 #include "ferry/status.h"
@@ -86,9 +85,8 @@ int BenchStore(const BenchStoreArgs& args);
 // "4096", "64KiB", "1MiB", "2GiB", "1G" (binary multiples).
 Result<uint64_t> ParseSize(const std::string& s);
 
-// Blocks SIGINT, SIGTERM and `extra` in every thread started after it; then
-// waits for one of them and returns it.
-void BlockStopSignals(std::initializer_list<int> extra = {});
-int WaitForStopSignal(std::initializer_list<int> extra = {});
+// Blocks SIGINT and SIGTERM in every thread started after it, then waits for one.
+void BlockStopSignals();
+int WaitForStopSignal();
 
 }  // namespace ferry::cli

@@ -30,24 +30,19 @@ Result<uint64_t> ParseSize(const std::string& s) {
   return v * mul;
 }
 
-namespace {
-sigset_t StopSignals(std::initializer_list<int> extra) {
+void BlockStopSignals() {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
-  for (int sig : extra) sigaddset(&set, sig);
-  return set;
-}
-}  // namespace
-
-void BlockStopSignals(std::initializer_list<int> extra) {
-  sigset_t set = StopSignals(extra);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
-int WaitForStopSignal(std::initializer_list<int> extra) {
-  sigset_t set = StopSignals(extra);
+int WaitForStopSignal() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
   int sig = 0;
   sigwait(&set, &sig);
   return sig;

@@ -1,10 +1,7 @@
-#include <signal.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
-#include <vector>
 
 #include "cli/cli.h"
 #include "common/prefault.h"
@@ -14,10 +11,7 @@
 namespace ferry::cli {
 
 int Serve(const ServeArgs& args) {
-  // SIGUSR1 swaps the --gpu-alloc buffer for a new registration, for tests of
-  // peers whose registrations change after a segment was opened. Blocked
-  // before any thread starts, so every thread inherits the mask.
-  BlockStopSignals({SIGUSR1});
+  BlockStopSignals();
   EngineOptions opts;
   opts.host = args.host;
   opts.port = args.port;
@@ -64,34 +58,10 @@ int Serve(const ServeArgs& args) {
   }
   std::printf("%s\n", out.dump().c_str());
   std::fflush(stdout);
-  // Replaced buffers stay allocated until exit: peers may still hold imports of them.
-  std::vector<void*> retired;
-  while (WaitForStopSignal({SIGUSR1}) == SIGUSR1) {
-    nlohmann::json swapped;
-    if (gpu_mem == nullptr) {
-      swapped["error"] = "no --gpu-alloc buffer to swap";
-    } else {
-      auto g = gpu::AllocDevice(args.gpu_bytes, args.gpu_device);
-      Status st = g.ok() ? e.RegisterMemory(g.value(), args.gpu_bytes) : g.status();
-      if (st.ok()) st = e.UnregisterMemory(gpu_mem);
-      if (st.ok()) {
-        retired.push_back(gpu_mem);
-        gpu_mem = g.value();
-        swapped["gpu"] = {{"addr", reinterpret_cast<uint64_t>(gpu_mem)},
-                          {"length", args.gpu_bytes},
-                          {"device", args.gpu_device}};
-      } else {
-        if (g.ok()) gpu::FreeDevice(g.value());
-        swapped["error"] = st.ToString();
-      }
-    }
-    std::printf("%s\n", swapped.dump().c_str());
-    std::fflush(stdout);
-  }
+  WaitForStopSignal();
   engine.value().reset();
   std::free(heap);
   if (gpu_mem != nullptr) gpu::FreeDevice(gpu_mem);
-  for (void* p : retired) gpu::FreeDevice(p);
   return 0;
 }
 

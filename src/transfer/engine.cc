@@ -346,16 +346,13 @@ class Engine::Impl {
       }
       for (auto& ep : eps) ep->Close();
     } else if (old && old->generation != fresh->generation) {
-      // Registrations changed. shm and cuda_ipc map and import buffers from
-      // the descriptor they were made with: drop them, so the next request
-      // maps afresh, reaching new memory and letting go of unregistered
-      // memory; work in flight keeps the old endpoint, and its mappings,
-      // until done.
+      // Registrations changed. shm maps buffers from the descriptor it was
+      // made with: drop it, so the next request maps afresh; work in flight
+      // keeps the old endpoint, and its mappings, until done. cuda_ipc keeps
+      // its imports until the segment closes or the peer restarts.
       std::lock_guard lk(seg.endpoints_mu);
-      std::erase_if(seg.endpoints, [](const auto& e) {
-        const TransportKind k = e.first->caps().kind;
-        return k == TransportKind::kShm || k == TransportKind::kCudaIpc;
-      });
+      std::erase_if(seg.endpoints,
+                    [](const auto& e) { return e.first->caps().kind == TransportKind::kShm; });
     }
     return Status::Ok();
   }
@@ -485,9 +482,6 @@ class Engine::Impl {
     std::vector<Copy> copies;
     std::vector<size_t> copied;   // request indices
     std::vector<size_t> relayed;  // request indices
-    // The endpoints whose mappings the copies use, held until the stream has
-    // run them: a dropped endpoint would otherwise unmap under them.
-    std::vector<std::shared_ptr<Endpoint>> mapped_by;
     std::set<SegmentId> refreshed;
     std::vector<StreamRelay::Chunk> chunks;
     auto state = std::make_shared<BatchState>(reqs.size());
@@ -514,7 +508,6 @@ class Engine::Impl {
           via = TransportKind::kLocal;
         }
         if (mapped.ok()) {
-          mapped_by.push_back(ep);
           const bool write = r.op == Op::kWrite;
           copies.push_back(
               {write ? mapped.value() : r.local, write ? r.local : mapped.value(), r.length});
@@ -554,10 +547,9 @@ class Engine::Impl {
       ++enqueued;
     }
     if (enqueued > 0) {
-      copier_->NotifyOnStream(
-          stream, [state, copied, enqueued, held = std::move(mapped_by)](const Status& st) {
-            for (size_t k = 0; k < enqueued; ++k) state->TaskDone(copied[k], st);
-          });
+      copier_->NotifyOnStream(stream, [state, copied, enqueued](const Status& st) {
+        for (size_t k = 0; k < enqueued; ++k) state->TaskDone(copied[k], st);
+      });
     }
     for (size_t k = enqueued; k < copied.size(); ++k) state->TaskDone(copied[k], failed);
     if (!chunks.empty()) {

@@ -4,11 +4,6 @@
 // page-locking it for the GPU; requests then become cudaMemcpyAsync on the
 // engine's private streams, after the submission stream's readiness event.
 // Nothing on the data path opens, registers or synchronizes (R4).
-//
-// When the peer's registrations change, the engine drops the endpoint and the
-// next request imports afresh (segment.h): memory registered since is reached,
-// and imports of unregistered memory are closed once their copies are done.
-// Opening a handle this process already holds only counts a reference.
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -139,11 +134,8 @@ class CudaIpcEndpoint : public Endpoint, public std::enable_shared_from_this<Cud
     char* remote = m->base + (t.remote - region);
     void* dst = t.op == Op::kWrite ? remote : t.local;
     const void* src = t.op == Op::kWrite ? static_cast<const void*>(t.local) : remote;
-    // The copy holds the endpoint, and so its mappings, until it has landed:
-    // a dropped endpoint (segment closed, registrations changed) closes its
-    // imports only after its last copy.
     copier_.CopyAsync(dst, src, t.length, t.gpu_device >= 0 ? t.gpu_device : m->device, t.ready,
-                      [self = shared_from_this(), t](const Status& s) { t.Done(s); });
+                      [t](const Status& s) { t.Done(s); });
   }
 
   ThreadPool& pool_;
