@@ -6,8 +6,8 @@
 namespace ferry {
 
 // Writes the dirty cache lines of [p, p+n) back to memory, leaving them
-// cached (CLWB), before a device reads the range by DMA. Call it on the thread
-// that filled the range.
+// cached (CLWB), before a device reads the range by DMA. Any thread may call
+// it; the one that filled the range is the cheapest, as it holds the lines.
 //
 // Why: on the H200 machine, a GPU copy out of a staging buffer that a socket
 // receive had just filled slowed that receiving side's TCP by about a quarter,
@@ -17,7 +17,8 @@ namespace ferry {
 // from 7.13-7.33 to 7.96 GB/s for reads. (Evicting the lines instead, or also
 // on the sending side, measured worse.)
 //
-// Does nothing where the CPU has no CLWB, or with FERRY_STAGING_WRITEBACK=0.
+// Does nothing where the CPU has no CLWB, or with FERRY_STAGING_WRITEBACK=0
+// (read once per process, so it applies to every engine in it).
 void WriteBackForDma(const void* p, size_t n);
 
 }  // namespace ferry
