@@ -104,26 +104,19 @@ uint64_t RegionBytes(const BenchArgs& a) {
 }
 
 int RunTarget(const BenchArgs& a, uint64_t bytes) {
-  BlockStopSignals();
-  EngineOptions o;
-  o.host = a.host;
-  o.port = a.port;
-  auto engine = Engine::Create(o);
-  if (!engine.ok()) {
-    std::fprintf(stderr, "bench target: %s\n", engine.status().ToString().c_str());
-    return 1;
-  }
+  auto engine = StartServingEngine("bench target", a.host, a.port, "");
+  if (!engine) return 1;
   // The target holds the destination of a write and the source of a read.
   const int gpu = a.op == "write" ? a.gpu_dst : a.gpu_src;
   Result<void*> mem = Status(StatusCode::kInternal, "unset");
   if (gpu >= 0) {
     mem = gpu::AllocDevice(bytes, gpu);
     if (mem.ok()) {
-      Status st = engine.value()->RegisterMemory(mem.value(), bytes);
+      Status st = engine->RegisterMemory(mem.value(), bytes);
       if (!st.ok()) mem = st;
     }
   } else {
-    mem = engine.value()->AllocateMemory(bytes);
+    mem = engine->AllocateMemory(bytes);
   }
   if (!mem.ok()) {
     std::fprintf(stderr, "bench target: %s\n", mem.status().ToString().c_str());
@@ -140,7 +133,7 @@ int RunTarget(const BenchArgs& a, uint64_t bytes) {
     return 1;
   }
   std::thread(ServeReference, lfd).detach();
-  std::printf("TARGET %s %u\n", engine.value()->name().c_str(), ntohs(addr.sin_port));
+  std::printf("TARGET %s %u\n", engine->name().c_str(), ntohs(addr.sin_port));
   std::fflush(stdout);
   WaitForStopSignal();
   shutdown(lfd, SHUT_RDWR);

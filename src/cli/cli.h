@@ -2,9 +2,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "ferry/status.h"
+
+namespace ferry {
+class Engine;
+}
 
 namespace ferry::cli {
 
@@ -88,5 +93,11 @@ Result<uint64_t> ParseSize(const std::string& s);
 // Blocks SIGINT and SIGTERM in every thread started after it, then waits for one.
 void BlockStopSignals();
 int WaitForStopSignal();
+
+// For commands that serve until SIGTERM: blocks the stop signals, then makes
+// an engine listening on host:port. On failure says why on stderr, prefixed
+// by `who`, and returns null.
+std::unique_ptr<Engine> StartServingEngine(const char* who, const std::string& host, uint16_t port,
+                                           const std::string& transport);
 
 }  // namespace ferry::cli

@@ -1,9 +1,11 @@
 // The `ferry` command.
 #include <CLI/CLI.hpp>
 #include <csignal>
+#include <cstdio>
 #include <iostream>
 
 #include "cli/cli.h"
+#include "ferry/engine.h"
 
 namespace ferry::cli {
 
@@ -46,6 +48,21 @@ int WaitForStopSignal() {
   int sig = 0;
   sigwait(&set, &sig);
   return sig;
+}
+
+std::unique_ptr<Engine> StartServingEngine(const char* who, const std::string& host, uint16_t port,
+                                           const std::string& transport) {
+  BlockStopSignals();  // before the engine starts its threads, so they inherit it
+  EngineOptions o;
+  o.host = host;
+  o.port = port;
+  o.transport = transport;
+  auto engine = Engine::Create(o);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "%s: %s\n", who, engine.status().ToString().c_str());
+    return nullptr;
+  }
+  return std::move(engine).value();
 }
 
 }  // namespace ferry::cli

@@ -11,28 +11,20 @@
 namespace ferry::cli {
 
 int Node(const NodeArgs& args) {
-  BlockStopSignals();
-  EngineOptions eo;
-  eo.host = args.host;
-  eo.port = args.port;
-  eo.transport = args.transport;
-  auto engine = Engine::Create(eo);
-  if (!engine.ok()) {
-    std::fprintf(stderr, "ferry node: %s\n", engine.status().ToString().c_str());
-    return 1;
-  }
+  auto engine = StartServingEngine("ferry node", args.host, args.port, args.transport);
+  if (!engine) return 1;
   store::NodeOptions no;
   no.master = args.master;
   no.segment_size = args.segment_size;
   no.segments = args.segments;
   no.heartbeat = Millis(args.heartbeat_ms);
   // A node outlives master restarts: it keeps trying to mount.
-  auto node = store::StoreNode::Start(*engine.value(), no, /*wait_for_mount=*/false);
+  auto node = store::StoreNode::Start(*engine, no, /*wait_for_mount=*/false);
   if (!node.ok()) {
     std::fprintf(stderr, "ferry node: %s\n", node.status().ToString().c_str());
     return 1;
   }
-  nlohmann::json out = {{"segment", engine.value()->name()},
+  nlohmann::json out = {{"segment", engine->name()},
                         {"master", args.master},
                         {"mounted", node.value()->mounted()},
                         {"pid", getpid()}};
@@ -40,7 +32,7 @@ int Node(const NodeArgs& args) {
   std::fflush(stdout);
   WaitForStopSignal();
   node.value().reset();
-  engine.value().reset();
+  engine.reset();
   return 0;
 }
 

@@ -11,17 +11,9 @@
 namespace ferry::cli {
 
 int Serve(const ServeArgs& args) {
-  BlockStopSignals();
-  EngineOptions opts;
-  opts.host = args.host;
-  opts.port = args.port;
-  opts.transport = args.transport;
-  auto engine = Engine::Create(opts);
-  if (!engine.ok()) {
-    std::fprintf(stderr, "ferry serve: %s\n", engine.status().ToString().c_str());
-    return 1;
-  }
-  Engine& e = *engine.value();
+  auto engine = StartServingEngine("ferry serve", args.host, args.port, args.transport);
+  if (!engine) return 1;
+  Engine& e = *engine;
   nlohmann::json out = {{"segment", e.name()}, {"epoch", e.epoch()}, {"pid", getpid()}};
   if (args.alloc_bytes > 0) {
     auto p = e.AllocateMemory(args.alloc_bytes);
@@ -59,7 +51,7 @@ int Serve(const ServeArgs& args) {
   std::printf("%s\n", out.dump().c_str());
   std::fflush(stdout);
   WaitForStopSignal();
-  engine.value().reset();
+  engine.reset();
   std::free(heap);
   if (gpu_mem != nullptr) gpu::FreeDevice(gpu_mem);
   return 0;

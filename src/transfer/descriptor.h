@@ -11,6 +11,10 @@
 
 namespace ferry {
 
+// The size of the page behind SegmentDescriptor::control_memfd; the
+// generation is its first word.
+inline constexpr uint64_t kGenerationPageBytes = 4096;
+
 struct RegionDesc {
   uint64_t addr = 0;
   uint64_t length = 0;

@@ -120,7 +120,7 @@ class Engine::Impl {
     for (const Region& r : registry_.Snapshot()) {
       if (r.owned) ReleaseOwned(r);
     }
-    if (generation_ != nullptr) munmap(generation_, 4096);
+    if (generation_ != nullptr) munmap(generation_, kGenerationPageBytes);
     if (generation_fd_ >= 0) close(generation_fd_);
   }
 
@@ -491,8 +491,9 @@ class Engine::Impl {
         return Status(st.code(), "request " + std::to_string(i) + ": " + st.message());
       };
       const std::shared_ptr<Segment>& seg = segs[r.segment];
-      if (Status st = CheckRemote(r, *seg, &refreshed); !st.ok()) return bad(st);
-      const Sides sides = GpuSides(r, *seg);
+      auto remote = CheckRemote(r, *seg, &refreshed);
+      if (!remote.ok()) return bad(remote.status());
+      const Sides sides = GpuSides(r, remote.value());
       auto route = Route(seg, sides.device() >= 0);
       if (!route.ok()) return bad(route.status());
       auto [transport, ep] = route.value();
@@ -598,12 +599,14 @@ class Engine::Impl {
         state->FailRequest(i, it->second);
         continue;
       }
-      if (Status st = CheckRemote(r, *seg, &refreshed); !st.ok()) {
+      auto remote = CheckRemote(r, *seg, &refreshed);
+      if (!remote.ok()) {
+        const Status& st = remote.status();
         state->FailRequest(i,
                            Status(st.code(), "request " + std::to_string(i) + ": " + st.message()));
         continue;
       }
-      const Sides sides = has_gpu_ ? GpuSides(r, *seg) : Sides{};
+      const Sides sides = has_gpu_ ? GpuSides(r, remote.value()) : Sides{};
       const int gpu_device = sides.device();
       const bool gpu_local = sides.local >= 0;
       const bool gpu = gpu_device >= 0;
@@ -674,16 +677,27 @@ class Engine::Impl {
   // request would otherwise apply the slices that fit. A peer may have
   // registered memory since the descriptor was fetched, so a miss refetches
   // it once per submit.
-  Status CheckRemote(const Request& r, Segment& seg, std::set<SegmentId>* refreshed) {
-    auto known = [&] {
-      if (seg.is_self()) return registry_.Find(r.remote, r.length).has_value();
+  // Checks that the request's remote range lies inside one registered buffer
+  // of `seg` (after one refetch of a peer's descriptor) and returns where that
+  // buffer is: its GPU, or -1 for host memory.
+  Result<int> CheckRemote(const Request& r, Segment& seg, std::set<SegmentId>* refreshed) {
+    auto find = [&]() -> std::optional<int> {
+      if (seg.is_self()) {
+        auto reg = registry_.Find(r.remote, r.length);
+        if (!reg) return std::nullopt;
+        return reg->kind == gpu::MemoryKind::kDevice ? std::max(reg->device, 0) : -1;
+      }
       auto d = seg.descriptor();
-      return d && d->Find(r.remote, r.length) != nullptr;
+      const RegionDesc* g = d ? d->Find(r.remote, r.length) : nullptr;
+      if (g == nullptr) return std::nullopt;
+      if (g->kind != static_cast<uint8_t>(gpu::MemoryKind::kDevice)) return -1;
+      // The peer's device index, where this process sees that many GPUs.
+      return g->device >= 0 && g->device < gpu::DeviceCount() ? g->device : 0;
     };
-    if (known()) return Status::Ok();
+    if (auto where = find()) return *where;
     if (!seg.is_self() && refreshed->insert(seg.id()).second) {
       FERRY_RETURN_IF_ERROR(Refresh(seg));
-      if (known()) return Status::Ok();
+      if (auto where = find()) return *where;
     }
     return Status(StatusCode::kOutOfRange,
                   fmt::format("0x{:x}+{} is not inside one registered buffer of {}", r.remote,
@@ -699,16 +713,17 @@ class Engine::Impl {
   }
 
   // Where a request's GPU memory is: each side's device, -1 for host memory.
-  // Registered ranges were classified once; other local buffers are
-  // classified here.
+  // The remote side is CheckRemote's answer; the local side was classified at
+  // registration, or is classified here for other buffers.
   struct Sides {
     int local = -1;
     int remote = -1;
     // The GPU that copies: the local one, else the remote one.
     int device() const { return local >= 0 ? local : remote; }
   };
-  Sides GpuSides(const Request& r, const Segment& seg) const {
+  Sides GpuSides(const Request& r, int remote_device) const {
     Sides sides;
+    sides.remote = remote_device;
     gpu::MemoryInfo local;
     if (auto reg = registry_.Find(reinterpret_cast<uint64_t>(r.local), r.length)) {
       local.kind = reg->kind;
@@ -717,17 +732,6 @@ class Engine::Impl {
       local = gpu::Classify(r.local);
     }
     if (local.kind == gpu::MemoryKind::kDevice) sides.local = std::max(local.device, 0);
-    if (seg.is_self()) {
-      auto reg = registry_.Find(r.remote, r.length);
-      if (reg && reg->kind == gpu::MemoryKind::kDevice) sides.remote = std::max(reg->device, 0);
-      return sides;
-    }
-    auto d = seg.descriptor();
-    const RegionDesc* g = d ? d->Find(r.remote, r.length) : nullptr;
-    if (g && g->kind == static_cast<uint8_t>(gpu::MemoryKind::kDevice)) {
-      // The peer's device index, where this process sees that many GPUs.
-      sides.remote = g->device >= 0 && g->device < gpu::DeviceCount() ? g->device : 0;
-    }
     return sides;
   }
 
@@ -737,8 +741,10 @@ class Engine::Impl {
   Status MakeGenerationPage() {
     generation_fd_ = memfd_create("ferry-generation", MFD_CLOEXEC);
     if (generation_fd_ < 0) return Status::FromErrno(errno, "memfd_create");
-    if (ftruncate(generation_fd_, 4096) != 0) return Status::FromErrno(errno, "ftruncate");
-    void* p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, generation_fd_, 0);
+    if (ftruncate(generation_fd_, static_cast<off_t>(kGenerationPageBytes)) != 0)
+      return Status::FromErrno(errno, "ftruncate");
+    void* p =
+        mmap(nullptr, kGenerationPageBytes, PROT_READ | PROT_WRITE, MAP_SHARED, generation_fd_, 0);
     if (p == MAP_FAILED) return Status::FromErrno(errno, "mmap");
     generation_ = static_cast<uint64_t*>(p);
     return Status::Ok();

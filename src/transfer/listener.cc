@@ -62,7 +62,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // A reply slot, reserved when its frame is read and filled when ready.
   struct Out {
     uint8_t header[wire::kHeaderSize];
-    size_t header_len = wire::kHeaderSize;
     const void* payload = nullptr;
     uint64_t length = 0;
     bool ready = false;
@@ -140,7 +139,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (!outq_.front()->ready) return;
     OutPtr o = outq_.front();
     writing_ = true;
-    std::array<asio::const_buffer, 2> bufs = {asio::buffer(o->header, o->header_len),
+    std::array<asio::const_buffer, 2> bufs = {asio::buffer(o->header),
                                               asio::buffer(o->payload, o->length)};
     BeginFrame();
     asio::async_write(sock_, bufs, [self = shared_from_this(), o](auto ec, size_t) {
@@ -211,12 +210,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     if (device >= 0) {
       if (h.length <= gpu_->staging->buffer_bytes()) return WriteToDevice(h, device);
-      return WhenDrained([self = shared_from_this(), h, device] {
-        self->WithStaging([self, h, device](char* buf) {
-          self->writing_ = true;  // nothing else is sent until the ack
-          self->WriteToDeviceSerial(h, device, buf, 0);
-        });
-      });
+      return Serially(h, device, &Connection::WriteToDeviceSerial);
     }
     BeginFrame();
     AsyncReadPayload(sock_, reinterpret_cast<char*>(h.addr), h.length, &lowat_,
@@ -257,12 +251,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     if (device >= 0) {
       if (h.length <= gpu_->staging->buffer_bytes()) return ReadFromDevice(h, device);
-      return WhenDrained([self = shared_from_this(), h, device] {
-        self->WithStaging([self, h, device](char* buf) {
-          self->writing_ = true;  // the pieces go straight to the socket
-          self->ReadFromDeviceSerial(h, device, buf, 0);
-        });
-      });
+      return Serially(h, device, &Connection::ReadFromDeviceSerial);
     }
     Reply({Opcode::kReadData, StatusCode::kOk, h.id, h.addr, h.length},
           reinterpret_cast<const void*>(h.addr));
@@ -337,6 +326,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
                        [self, buf] { self->GiveBack(buf); });
           });
       self->ReadNext();
+    });
+  }
+
+  // A frame larger than a staging buffer: once the replies before it are out,
+  // `piece` moves it through one buffer a piece at a time, and nothing else
+  // is sent (a write's ack, a read's pieces) or read until it is done.
+  using Piecewise = void (Connection::*)(const Header&, int, char*, uint64_t);
+  void Serially(const Header& h, int device, Piecewise piece) {
+    WhenDrained([self = shared_from_this(), h, device, piece] {
+      self->WithStaging([self, h, device, piece](char* buf) {
+        self->writing_ = true;
+        (self.get()->*piece)(h, device, buf, 0);
+      });
     });
   }
 

@@ -7,12 +7,8 @@
 
 namespace ferry {
 
-namespace {
-constexpr uint64_t kGenerationPage = 4096;
-}
-
 Segment::~Segment() {
-  if (generation_ != nullptr) munmap(const_cast<uint64_t*>(generation_), kGenerationPage);
+  if (generation_ != nullptr) munmap(const_cast<uint64_t*>(generation_), kGenerationPageBytes);
 }
 
 void Segment::WatchGeneration(const SegmentDescriptor& d, const std::string& local_host_id) {
@@ -21,7 +17,7 @@ void Segment::WatchGeneration(const SegmentDescriptor& d, const std::string& loc
     std::lock_guard lk(mu_);
     if (generation_ != nullptr && generation_epoch_ == d.epoch) return;
   }
-  auto page = MapPeerMemfd(d.pid, d.control_memfd, kGenerationPage);
+  auto page = MapPeerMemfd(d.pid, d.control_memfd, kGenerationPageBytes);
   if (!page.ok()) {
     FERRY_LOG_WARN("segment {}: cannot watch its registrations: {}", name_,
                    page.status().ToString());
@@ -35,7 +31,7 @@ void Segment::WatchGeneration(const SegmentDescriptor& d, const std::string& loc
     generation_epoch_ = d.epoch;
   }
   // Readers load it under mu_ only, so the old owner's page can go now.
-  if (old != nullptr) munmap(const_cast<uint64_t*>(old), kGenerationPage);
+  if (old != nullptr) munmap(const_cast<uint64_t*>(old), kGenerationPageBytes);
 }
 
 bool Segment::Outdated() const {

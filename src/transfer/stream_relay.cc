@@ -47,9 +47,10 @@ struct Job {
   uint32_t final_seq = 0;
   std::shared_ptr<BatchState> state;
   std::mutex mu;
-  size_t outstanding = 0;             // tasks of the posted window; guarded by mu
+  // Tasks of the window with the transports (none: not posted yet, as every
+  // window has a chunk); guarded by mu.
+  size_t outstanding = 0;
   size_t next = 0;                    // the window waiting for the stream; guarded by mu
-  bool posted = false;                // whether `next` is with the transports; guarded by mu
   std::map<uint32_t, Status> status;  // per request; guarded by mu
 };
 
@@ -253,7 +254,6 @@ class StreamRelay::Core : public std::enable_shared_from_this<StreamRelay::Core>
       if (--job->outstanding != 0) return;
       seq = job->windows[job->next].seq;
       ++job->next;
-      job->posted = false;
     }
     // The window is done, failed or not: release the stream so it never hangs.
     // A failed read's staging-to-device copy still runs; its request reports
@@ -299,8 +299,7 @@ class StreamRelay::Core : public std::enable_shared_from_this<StreamRelay::Core>
         {
           std::lock_guard lk(job.mu);
           if (job.next < job.windows.size()) {
-            if (!job.posted && Reached(gpu, job.windows[job.next].seq)) {
-              job.posted = true;
+            if (job.outstanding == 0 && Reached(gpu, job.windows[job.next].seq)) {
               post = job.next;
               job.outstanding = job.windows[post].chunks.size();
             }

@@ -31,7 +31,7 @@ class Endpoint;
 
 class StreamRelay {
  public:
-  // One task-sized piece of a request. `device` is set when the local side
+  // One task-sized piece of a request. `staged` is set when the local side
   // is GPU memory: it is staged through the slot on the caller's stream.
   struct Chunk {
     std::shared_ptr<Endpoint> endpoint;

@@ -1,6 +1,5 @@
 // Unit tests of the pieces under the engine: status, byte codec, frame header,
-// descriptor codec, memory registry, segment names, batch bookkeeping and the
-// cache write-back before DMA.
+// descriptor codec, memory registry, segment names and batch bookkeeping.
 #include <gtest/gtest.h>
 
 #include <asio.hpp>  // after standard headers: see asio_first.cc
@@ -10,7 +9,6 @@
 #endif
 
 #include "common/bytes.h"
-#include "common/cache.h"
 #include "ferry/status.h"
 #include "transfer/batch.h"
 #include "transfer/descriptor.h"
@@ -234,18 +232,6 @@ TEST(BatchState, CountsTasksAndReportsTheFirstError) {
   EXPECT_EQ(b->Result(1).transport, TransportKind::kShm);
   EXPECT_EQ(b->Result(5).status.code(), StatusCode::kOutOfRange);
   EXPECT_TRUE(b->WaitQuiescent(Deadline::After(Millis(10))));
-}
-
-// The write-back is a hint to the caches only: unaligned ranges at either end,
-// empty ranges and every byte in between keep their values.
-TEST(WriteBackForDma, LeavesEveryByteAsItWas) {
-  std::vector<uint8_t> buf(3 * 4096 + 100);
-  for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<uint8_t>(i * 31 + 7);
-  const std::vector<uint8_t> want = buf;
-  WriteBackForDma(buf.data() + 13, buf.size() - 40);
-  WriteBackForDma(buf.data() + 5, 0);
-  WriteBackForDma(buf.data() + buf.size() - 1, 1);
-  EXPECT_EQ(buf, want);
 }
 
 }  // namespace
