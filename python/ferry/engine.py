@@ -308,12 +308,8 @@ class TransferEngine:
             self._transfer_one(tuples[0], _millis(timeout))
             return
         batch = self._engine.submit(tuples, _millis(timeout), submit_stream, already_ready)
-        try:
-            while not batch.wait(_WAIT_SLICE_MS):
-                pass
-        finally:
-            batch.close()
-        del bufs  # the buffers stay referenced until here
+        with Transfer(batch, self, bufs) as t:
+            t.wait()
 
     def _transfer_one(self, request: tuple, timeout_ms: int) -> None:
         # One line, so tests can tell from a thread that the main thread is inside.
