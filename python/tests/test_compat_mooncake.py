@@ -111,6 +111,9 @@ def test_transfers_between_processes(spawn_peer, protocol):
     assert te.transfer_sync_write(target, local, 0x1000, 4096) == -1
     assert te.batch_transfer_sync_write(target, [local], [0x1000, 0x2000], [16]) == -1
     assert te.transfer_sync_write("127.0.0.1:1", local, 0x1000, 16) == -1
+    # An opcode other than TransferOpcode.Read/Write is refused, not taken for a read.
+    assert te.transfer_sync(target, local, peer.buffers["managed"], 16, 2) == -1
+    assert te.batch_transfer_async(target, [local], [peer.buffers["managed"]], [16], 2) == 0
     bad = te.batch_transfer_async_write(target, [local], [0x1000], [4096])
     assert bad > 0 and te.get_batch_transfer_status([bad]) == -1
     assert te.batch_transfer_async_write(target, [local], [], [16]) == 0
