@@ -10,14 +10,10 @@ import numpy as np
 import pytest
 
 import ferry
-from conftest import gpu_skip_reason, pattern, sha
+from conftest import addr, gpu_skip_reason, pattern, sha
 from ferry.compat.mooncake import TransferEngine
 
 SIZE = 1 << 20
-
-
-def addr(obj) -> int:
-    return ferry.resolve(obj, writable=True).address
 
 
 def test_initialize_conventions():
