@@ -104,8 +104,7 @@ class Transfer:
 
     def poll(self) -> BatchStatus:
         """Never blocks."""
-        total, succeeded, failed, _, _ = self._batch.poll()
-        return BatchStatus(total, succeeded, failed)
+        return BatchStatus(*self._batch.poll())
 
     def done(self) -> bool:
         return self.poll().done
@@ -175,7 +174,6 @@ class TransferEngine:
             copy_threads=copy_threads, request_timeout_ms=_millis(request_timeout),
             connect_timeout_ms=_millis(connect_timeout))
         self._registered: dict[int, Buffer] = {}  # keeps registered objects alive
-        self._allocated: dict[int, int] = {}
         self._segments: dict[str, Segment] = {}
 
     @property
@@ -217,14 +215,12 @@ class TransferEngine:
         """Engine-owned, registered, memfd-backed host memory that same-host peers
         map once. Valid until free() or the engine's end: drop views before."""
         address = self._engine.allocate_memory(nbytes)
-        self._allocated[address] = nbytes
         return memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B")
 
     def free(self, view_or_address: Union[memoryview, int]) -> None:
         address = (view_or_address if isinstance(view_or_address, int)
                    else resolve(view_or_address, writable=False).address)
         self._engine.free_memory(address)
-        self._allocated.pop(address, None)
 
     # Segments.
 
@@ -308,12 +304,8 @@ class TransferEngine:
             self._transfer_one(tuples[0], _millis(timeout))
             return
         batch = self._engine.submit(tuples, _millis(timeout), submit_stream, already_ready)
-        try:
-            while not batch.wait(_WAIT_SLICE_MS):
-                pass
-        finally:
-            batch.close()
-        del bufs  # the buffers stay referenced until here
+        with Transfer(batch, self, bufs) as t:
+            t.wait()
 
     def _transfer_one(self, request: tuple, timeout_ms: int) -> None:
         # One line, so tests can tell from a thread that the main thread is inside.

@@ -197,9 +197,6 @@ PYBIND11_MODULE(_ferry, m) {
   m.def("status_code_name", [](int code) {
     return std::string(ferry::StatusCodeName(static_cast<ferry::StatusCode>(code)));
   });
-  m.def("transport_name", [](int kind) {
-    return std::string(ferry::TransportName(static_cast<ferry::TransportKind>(kind)));
-  });
   // Address and size of a C-contiguous buffer; the caller keeps a view alive.
   m.def(
       "buffer_address",
@@ -214,13 +211,11 @@ PYBIND11_MODULE(_ferry, m) {
 
   py::class_<PyBatch>(m, "Batch")
       .def("__len__", [](const PyBatch& b) { return b.Get().size(); })
-      // (total, succeeded, failed, first error code, first error text); never blocks.
+      // (total, succeeded, failed); never blocks.
       .def("poll",
            [](const PyBatch& b) {
              ferry::BatchStatus s = b.Get().Poll();
-             return std::make_tuple(s.total, s.succeeded, s.failed,
-                                    static_cast<int>(s.first_error.code()),
-                                    s.first_error.ToString());
+             return std::make_tuple(s.total, s.succeeded, s.failed);
            })
       // True when every request succeeded, False on timeout; raises the first error.
       .def(

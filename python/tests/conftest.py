@@ -14,6 +14,8 @@ from typing import Optional
 import numpy as np
 import pytest
 
+import ferry
+
 HERE = Path(__file__).resolve().parent
 REPLY_TIMEOUT_S = 60.0
 
@@ -70,6 +72,11 @@ def sha(data) -> str:
 
 def pattern(seed: int, nbytes: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
+
+
+def addr(obj) -> int:
+    """The address of `obj`'s memory, for the Mooncake API's int addresses."""
+    return ferry.resolve(obj, writable=True).address
 
 
 @pytest.fixture

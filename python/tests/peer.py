@@ -20,9 +20,7 @@ import sys
 
 import numpy as np
 
-
-def pattern(seed: int, nbytes: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
+from conftest import addr, pattern
 
 
 def main() -> None:
@@ -61,7 +59,7 @@ def main() -> None:
         assert engine.initialize("127.0.0.1", "P2PHANDSHAKE", args.transport or "rdma", "") == 0
         addresses = {}
         for k, v in arrays.items():
-            addresses[k] = ferry_address(v)
+            addresses[k] = addr(v)
             assert engine.register_memory(addresses[k], args.size) == 0
         addresses["managed"] = engine.allocate_managed_buffer(args.size)
         assert addresses["managed"] != 0
@@ -70,7 +68,7 @@ def main() -> None:
         if gpu is not None:
             addresses["gpu"] = gpu.data_ptr()
             assert engine.register_memory(addresses["gpu"], args.size) == 0
-        name = f"127.0.0.1:{engine.get_rpc_port()}"
+        name = engine.get_local_session_id()
 
     def host_bytes(kind: str) -> np.ndarray:
         if kind == "gpu":
@@ -102,12 +100,6 @@ def main() -> None:
             print("ok", file=out)
         else:
             print(f"error: unknown command {cmd[0]}", file=out)
-
-
-def ferry_address(obj) -> int:
-    import ferry
-
-    return ferry.resolve(obj, writable=True).address
 
 
 if __name__ == "__main__":

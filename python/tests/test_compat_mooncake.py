@@ -10,14 +10,10 @@ import numpy as np
 import pytest
 
 import ferry
-from conftest import pattern, sha
+from conftest import addr, gpu_skip_reason, pattern, sha
 from ferry.compat.mooncake import TransferEngine
 
 SIZE = 1 << 20
-
-
-def addr(obj) -> int:
-    return ferry.resolve(obj, writable=True).address
 
 
 def test_initialize_conventions():
@@ -111,6 +107,9 @@ def test_transfers_between_processes(spawn_peer, protocol):
     assert te.transfer_sync_write(target, local, 0x1000, 4096) == -1
     assert te.batch_transfer_sync_write(target, [local], [0x1000, 0x2000], [16]) == -1
     assert te.transfer_sync_write("127.0.0.1:1", local, 0x1000, 16) == -1
+    # An opcode other than TransferOpcode.Read/Write is refused, not taken for a read.
+    assert te.transfer_sync(target, local, peer.buffers["managed"], 16, 2) == -1
+    assert te.batch_transfer_async(target, [local], [peer.buffers["managed"]], [16], 2) == 0
     bad = te.batch_transfer_async_write(target, [local], [0x1000], [4096])
     assert bad > 0 and te.get_batch_transfer_status([bad]) == -1
     assert te.batch_transfer_async_write(target, [local], [], [16]) == 0
@@ -127,13 +126,13 @@ def test_on_cuda_forms_with_host_memory(spawn_peer):
     te = TransferEngine()
     assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
     src = pattern(12, 4096)
-    try:
+    if gpu_skip_reason() is None:
         te.transfer_write_on_cuda(peer.name, addr(src), peer.buffers["numpy"], 4096, 0)
-    except ferry.NotSupported as e:
-        assert "need a GPU" in str(e)
-    else:
         te.check_cuda_transfers(timeout=30)
         assert peer.digest("numpy", 0, 4096) == sha(src)
+    else:
+        with pytest.raises(ferry.NotSupported, match="need a GPU"):
+            te.transfer_write_on_cuda(peer.name, addr(src), peer.buffers["numpy"], 4096, 0)
     with pytest.raises(ferry.InvalidArgument):
         te.batch_transfer_read_on_cuda(peer.name, [addr(src)], [], [4096])
     te.check_cuda_transfers(timeout=5)  # nothing pending, nothing failed

@@ -16,8 +16,8 @@ import os
 import threading
 from typing import Any, Callable, Optional, Sequence
 
-from .. import _ferry
-from ..engine import READ, WRITE, Read, Request, Transfer, Write
+from ..buffers import resolve
+from ..engine import READ, WRITE, Request, Transfer
 from ..engine import TransferEngine as _Engine
 from ..errors import FerryError, InvalidArgument, Timeout
 
@@ -135,8 +135,7 @@ class TransferEngine:
     def allocate_managed_buffer(self, length: int) -> int:
         """Registered, memfd-backed host memory; its address, or 0 on failure."""
         try:
-            view = self._ready().allocate(length)
-            return _ferry.buffer_address(view, False)[0]
+            return resolve(self._ready().allocate(length), writable=False).address
         except (FerryError, ValueError, TypeError) as e:
             log.error("allocate_managed_buffer(%d) failed: %s", length, e)
             return 0
@@ -156,12 +155,14 @@ class TransferEngine:
 
     # Synchronous transfers.
 
-    def _requests(self, make: Callable[..., Request], target_hostname: str,
-                  buffers: Sequence[int], peer_buffer_addresses: Sequence[int],
+    def _requests(self, opcode: int, target_hostname: str, buffers: Sequence[int],
+                  peer_buffer_addresses: Sequence[int],
                   lengths: Sequence[int]) -> list[Request]:
+        """TransferOpcode's values are ferry's READ and WRITE; the extension refuses
+        any other opcode with InvalidArgument."""
         if not len(buffers) == len(peer_buffer_addresses) == len(lengths):
             raise InvalidArgument("buffers, peer_buffer_addresses and lengths differ in length")
-        return [make((b, n), target_hostname, p, n)
+        return [Request(opcode, (b, n), target_hostname, p, n)
                 for b, p, n in zip(buffers, peer_buffer_addresses, lengths)]
 
     def transfer_sync_write(self, target_hostname: str, buffer: int, peer_buffer_address: int,
@@ -194,9 +195,8 @@ class TransferEngine:
     def batch_transfer_sync(self, target_hostname: str, buffers: Sequence[int],
                             peer_buffer_addresses: Sequence[int], lengths: Sequence[int],
                             opcode: int, notify: Any = None) -> int:
-        make = Write if opcode == TransferOpcode.Write else Read
         return _status("transfer", lambda: self._ready().transfer(self._requests(
-            make, target_hostname, buffers, peer_buffer_addresses, lengths)))
+            opcode, target_hostname, buffers, peer_buffer_addresses, lengths)))
 
     # Asynchronous batches.
 
@@ -216,10 +216,9 @@ class TransferEngine:
                              peer_buffer_addresses: Sequence[int], lengths: Sequence[int],
                              opcode: int) -> int:
         """A batch id (> 0) for get_batch_transfer_status, or 0 on failure."""
-        make = Write if opcode == TransferOpcode.Write else Read
         try:
             handle = self._ready().submit(self._requests(
-                make, target_hostname, buffers, peer_buffer_addresses, lengths))
+                opcode, target_hostname, buffers, peer_buffer_addresses, lengths))
         except (FerryError, ValueError, TypeError) as e:
             log.error("batch_transfer_async failed: %s", e)
             return 0
@@ -299,8 +298,7 @@ class TransferEngine:
         returns None). A failure after that is raised by the next call here or by
         check_cuda_transfers()."""
         self._reap_on_stream()
-        make = Write if opcode == TransferOpcode.Write else Read
-        requests = self._requests(make, target_hostname, buffers, peer_buffer_addresses,
+        requests = self._requests(opcode, target_hostname, buffers, peer_buffer_addresses,
                                   lengths)
         handle = self._ready().submit_on_stream(requests, stream_ptr)
         with self._lock:
