@@ -10,24 +10,16 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "store/client/master_client.h"
+#include "store/master/master.h"
 #include "store/master/service.h"
 #include "store/node/node.h"
 
 namespace ferry {
 
+using store::Master;
 using store::MasterClient;
 
 namespace {
-
-Status CheckKey(std::string_view key) {
-  if (key.empty()) return Status(StatusCode::kInvalidArgument, "empty key");
-  if (key.size() > Store::kMaxKeyBytes) {
-    return Status(StatusCode::kInvalidArgument, "key of " + std::to_string(key.size()) +
-                                                    " bytes; the limit is " +
-                                                    std::to_string(Store::kMaxKeyBytes));
-  }
-  return Status::Ok();
-}
 
 // Where a get puts a value: a vector sized on arrival, or a caller buffer.
 struct Sink {
@@ -176,7 +168,7 @@ std::vector<Status> Store::Impl::Put(std::span<const std::string> keys,
   std::vector<size_t> index;  // items[j] is keys[index[j]]
   for (size_t i = 0; i < keys.size(); ++i) {
     if (!out[i].ok()) continue;
-    out[i] = CheckKey(keys[i]);
+    out[i] = Master::CheckKey(keys[i]);
     if (out[i].ok() && (values[i].size == 0 || values[i].data == nullptr)) {
       out[i] = Status(StatusCode::kInvalidArgument, "empty value");
     }
@@ -259,7 +251,7 @@ std::vector<Result<size_t>> Store::Impl::Get(std::span<const std::string> keys,
   std::vector<std::string> ask;
   std::vector<size_t> index;
   for (size_t i = 0; i < keys.size(); ++i) {
-    st[i] = CheckKey(keys[i]);
+    st[i] = Master::CheckKey(keys[i]);
     if (st[i].ok()) {
       ask.push_back(keys[i]);
       index.push_back(i);
@@ -531,7 +523,7 @@ static std::vector<Status> KeyCall(std::span<const std::string> keys, F&& call) 
   std::vector<std::string> ask;
   std::vector<size_t> index;
   for (size_t i = 0; i < keys.size(); ++i) {
-    out[i] = CheckKey(keys[i]);
+    out[i] = Master::CheckKey(keys[i]);
     if (out[i].ok()) {
       ask.push_back(keys[i]);
       index.push_back(i);
@@ -564,7 +556,7 @@ std::vector<Result<ObjectLocation>> Store::BatchLocate(std::span<const std::stri
   std::vector<std::string> ask;
   std::vector<size_t> index;
   for (size_t i = 0; i < keys.size(); ++i) {
-    Status st = CheckKey(keys[i]);
+    Status st = Master::CheckKey(keys[i]);
     out.push_back(st.ok() ? Result<ObjectLocation>(ObjectLocation{}) : Result<ObjectLocation>(st));
     if (st.ok()) {
       ask.push_back(keys[i]);

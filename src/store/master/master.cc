@@ -44,7 +44,7 @@ void Master::Loop() {
   }
 }
 
-Status Master::CheckKey(const std::string& key) {
+Status Master::CheckKey(std::string_view key) {
   if (key.empty()) return Status(StatusCode::kInvalidArgument, "empty key");
   if (key.size() > kMaxKeyBytes) {
     return Status(StatusCode::kInvalidArgument, "key of " + std::to_string(key.size()) +
@@ -282,7 +282,7 @@ Status Master::Remove(const std::string& key, bool force) {
   return Status::Ok();
 }
 
-Status Master::SetPin(const std::string& key, Pin pin, Millis ttl) {
+Status Master::SetPin(const std::string& key, StorePin pin, Millis ttl) {
   FERRY_RETURN_IF_ERROR(CheckKey(key));
   Shard& shard = ShardOf(key);
   std::lock_guard lock(shard.mu);
@@ -303,8 +303,9 @@ uint64_t Master::Evict(uint64_t bytes, bool soft) {
   };
   const auto now = Clock::now();
   auto evictable = [&](Object& o, bool* soft_pinned) {
-    *soft_pinned = o.pin == Pin::kSoft && o.pin_until > now;
-    return o.complete && o.pin != Pin::kHard && (soft || !*soft_pinned) && o.LeaseEnd(now) <= now;
+    *soft_pinned = o.pin == StorePin::kSoft && o.pin_until > now;
+    return o.complete && o.pin != StorePin::kHard && (soft || !*soft_pinned) &&
+           o.LeaseEnd(now) <= now;
   };
   std::vector<Candidate> cands;
   for (auto& shard : shards_) {
