@@ -8,11 +8,15 @@
 namespace ferry::store {
 namespace {
 
+uint64_t Bytes(const Allocation& a) {
+  uint64_t n = 0;
+  for (const auto& e : a.extents) n += OffsetAllocator::RoundUp(e.length);
+  return n;
+}
+
 uint64_t Bytes(const std::vector<Allocation>& replicas) {
   uint64_t n = 0;
-  for (const auto& a : replicas) {
-    for (const auto& e : a.extents) n += OffsetAllocator::RoundUp(e.length);
-  }
+  for (const auto& a : replicas) n += Bytes(a);
   return n;
 }
 
@@ -122,7 +126,7 @@ void Master::FreeLater(std::vector<Allocation> replicas, Clock::time_point until
   }
   std::lock_guard lock(deferred_mu_);
   for (auto& a : replicas) {
-    deferred_bytes_ += Bytes({a});
+    deferred_bytes_ += Bytes(a);
     deferred_.push_back({std::move(a), until});
   }
 }
@@ -350,7 +354,7 @@ void Master::Tick() {
       std::lock_guard lock(deferred_mu_);
       for (auto it = deferred_.begin(); it != deferred_.end();) {
         if (it->until <= now) {
-          deferred_bytes_ -= Bytes({it->allocation});
+          deferred_bytes_ -= Bytes(it->allocation);
           due.push_back(std::move(it->allocation));
           it = deferred_.erase(it);
         } else {
