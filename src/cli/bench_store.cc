@@ -49,13 +49,9 @@ struct EngineReference {
   static Result<EngineReference> Start(const std::string& transport, uint64_t bytes) {
     EngineReference r;
     FERRY_ASSIGN_OR_RETURN(
-        r.peer, Subprocess::Spawn(
-                    {SelfExe(), "serve", "--prefault", "--alloc", std::to_string(bytes)}, true));
-    FERRY_ASSIGN_OR_RETURN(std::string line, r.peer->ReadLine(std::chrono::seconds(20)));
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.contains("alloc")) {
-      return Status(StatusCode::kInternal, "serve said: " + line);
-    }
+        auto j,
+        SpawnReady({SelfExe(), "serve", "--prefault", "--alloc", std::to_string(bytes)}, &r.peer));
+    if (!j.contains("alloc")) return Status(StatusCode::kInternal, "serve said: " + j.dump());
     EngineOptions eo;
     eo.transport = transport == "tcp" ? "tcp" : "";
     FERRY_ASSIGN_OR_RETURN(r.engine, Engine::Create(eo));

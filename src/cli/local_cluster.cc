@@ -3,10 +3,7 @@
 #include <nlohmann/json.hpp>
 
 namespace ferry::cli {
-namespace {
 
-// Spawns `argv` and waits up to 20 s for its JSON line on stdout. Other lines
-// (log lines also go to stdout) are skipped.
 Result<nlohmann::json> SpawnReady(const std::vector<std::string>& argv,
                                   std::unique_ptr<Subprocess>* proc) {
   FERRY_ASSIGN_OR_RETURN(*proc, Subprocess::Spawn(argv, true));
@@ -22,8 +19,6 @@ Result<nlohmann::json> SpawnReady(const std::vector<std::string>& argv,
     return j;
   }
 }
-
-}  // namespace
 
 Result<MasterProcess> SpawnMaster(const std::string& bin, const std::vector<std::string>& args) {
   std::vector<std::string> argv = {bin, "master"};

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,10 @@ struct NodeProcess {
   std::string segment;  // the node's engine name
 };
 
+// Spawns `argv` into *proc and waits up to 20 s for its JSON line on stdout.
+// Other lines (log lines also go to stdout) are skipped.
+Result<nlohmann::json> SpawnReady(const std::vector<std::string>& argv,
+                                  std::unique_ptr<Subprocess>* proc);
 // Starts `bin master` with `args`; waits up to 20 s for its JSON line.
 Result<MasterProcess> SpawnMaster(const std::string& bin, const std::vector<std::string>& args);
 // Starts `bin node --master <master>` with `args`; waits up to 20 s.

@@ -10,9 +10,7 @@ uint16_t Peer::port() const {
   return static_cast<uint16_t>(std::stoi(segment.substr(segment.rfind(':') + 1)));
 }
 
-// The `ferry` binary: FERRY_BIN from the environment (binaries carried to
-// another machine), else the one built beside this test.
-static std::string FerryBin() {
+std::string FerryBin() {
   const char* env = std::getenv("FERRY_BIN");
   return env != nullptr && *env != '\0' ? env : FERRY_BIN;
 }

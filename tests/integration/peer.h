@@ -19,6 +19,10 @@ struct Peer {
   uint16_t port() const;
 };
 
+// The `ferry` binary: FERRY_BIN from the environment (binaries carried to
+// another machine), else the one built beside this test.
+std::string FerryBin();
+
 // Starts a peer; `port` 0 picks one. Extra args go to `ferry serve`.
 Result<Peer> StartPeer(uint64_t alloc_bytes, uint64_t heap_bytes, uint16_t port = 0,
                        uint64_t gpu_bytes = 0, int gpu_device = 0);

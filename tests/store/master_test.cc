@@ -28,7 +28,7 @@ MasterOptions Fast() {
 using test::Eventually;
 
 Status Put(Master& m, const std::string& key, uint64_t size, uint32_t replicas = 1) {
-  auto g = m.PutBegin({key, size, replicas, "", Pin::kNone, Millis(0)}, "");
+  auto g = m.PutBegin({key, size, replicas, "", StorePin::kNone, Millis(0)}, "");
   if (!g.ok()) return g.status();
   return m.PutEnd(key, g.value().put_id, true);
 }
@@ -36,18 +36,18 @@ Status Put(Master& m, const std::string& key, uint64_t size, uint32_t replicas =
 TEST(Master, APutIsInvisibleUntilCommittedAndAbortFreesIt) {
   Master m(Fast());
   ASSERT_TRUE(m.Mount("n:1", {{kBase, 1 << 20}}).ok());
-  auto g = m.PutBegin({"k", 1000, 1, "", Pin::kNone, Millis(0)}, "");
+  auto g = m.PutBegin({"k", 1000, 1, "", StorePin::kNone, Millis(0)}, "");
   ASSERT_TRUE(g.ok());
   EXPECT_EQ(m.Exists("k").code(), StatusCode::kNotFound);
   EXPECT_EQ(m.Get("k").status().code(), StatusCode::kNotFound);
-  EXPECT_EQ(m.PutBegin({"k", 1000, 1, "", Pin::kNone, Millis(0)}, "").status().code(),
+  EXPECT_EQ(m.PutBegin({"k", 1000, 1, "", StorePin::kNone, Millis(0)}, "").status().code(),
             StatusCode::kBusy);
   EXPECT_EQ(m.PutEnd("k", g.value().put_id + 1, true).code(), StatusCode::kNotFound);
   ASSERT_TRUE(m.PutEnd("k", g.value().put_id, true).ok());
   EXPECT_TRUE(m.Exists("k").ok());
-  EXPECT_EQ(m.PutBegin({"k", 1000, 1, "", Pin::kNone, Millis(0)}, "").status().code(),
+  EXPECT_EQ(m.PutBegin({"k", 1000, 1, "", StorePin::kNone, Millis(0)}, "").status().code(),
             StatusCode::kAlreadyExists);
-  auto g2 = m.PutBegin({"j", 1000, 1, "", Pin::kNone, Millis(0)}, "");
+  auto g2 = m.PutBegin({"j", 1000, 1, "", StorePin::kNone, Millis(0)}, "");
   ASSERT_TRUE(m.PutEnd("j", g2.value().put_id, false).ok());
   EXPECT_EQ(m.Exists("j").code(), StatusCode::kNotFound);
 }
@@ -55,7 +55,7 @@ TEST(Master, APutIsInvisibleUntilCommittedAndAbortFreesIt) {
 TEST(Master, AbandonedPutIsReclaimed) {
   Master m(Fast());
   ASSERT_TRUE(m.Mount("n:1", {{kBase, 4096}}).ok());
-  auto g = m.PutBegin({"k", 4096, 1, "", Pin::kNone, Millis(0)}, "");
+  auto g = m.PutBegin({"k", 4096, 1, "", StorePin::kNone, Millis(0)}, "");
   ASSERT_TRUE(g.ok());
   EXPECT_TRUE(Eventually([&] { return m.Stats().puts_reclaimed == 1; }));
   EXPECT_EQ(m.PutEnd("k", g.value().put_id, true).code(), StatusCode::kNotFound);
@@ -76,7 +76,7 @@ TEST(Master, LeaseRefusesRemoveUnlessForcedAndFencesTheSpace) {
   EXPECT_EQ(m.Exists("k").code(), StatusCode::kNotFound);
   // The leased bytes are not handed out again before the lease ends, and
   // nothing else is evictable: "no space" is the right answer now.
-  EXPECT_EQ(m.PutBegin({"x", 4096, 1, "", Pin::kNone, Millis(0)}, "").status().code(),
+  EXPECT_EQ(m.PutBegin({"x", 4096, 1, "", StorePin::kNone, Millis(0)}, "").status().code(),
             StatusCode::kResourceExhausted);
   EXPECT_EQ(m.Stats().deferred_bytes, 4096u);
   EXPECT_TRUE(Eventually([&] { return m.Stats().deferred_bytes == 0; }));
@@ -110,8 +110,8 @@ TEST(Master, SyncEvictionTakesLeastRecentlyUsedAndSparesLeasedAndPinned) {
   ASSERT_TRUE(m.Mount("n:1", {{kBase, 4 * 4096}}).ok());
   for (const char* k : {"a", "b", "c", "d"}) ASSERT_TRUE(Put(m, k, 4096).ok());
   ASSERT_TRUE(m.Get("a").ok());  // leased: never evicted
-  ASSERT_TRUE(m.SetPin("b", Pin::kHard, Millis(0)).ok());
-  ASSERT_TRUE(m.SetPin("c", Pin::kSoft, Millis(60000)).ok());
+  ASSERT_TRUE(m.SetPin("b", StorePin::kHard, Millis(0)).ok());
+  ASSERT_TRUE(m.SetPin("c", StorePin::kSoft, Millis(60000)).ok());
   // d is the only plain candidate; then the soft pin is the last resort.
   ASSERT_TRUE(Put(m, "e", 4096).ok());
   EXPECT_EQ(m.Exists("d").code(), StatusCode::kNotFound);
@@ -119,10 +119,10 @@ TEST(Master, SyncEvictionTakesLeastRecentlyUsedAndSparesLeasedAndPinned) {
   ASSERT_TRUE(Put(m, "f", 4096).ok());  // evicts e (unpinned) before c
   EXPECT_EQ(m.Exists("e").code(), StatusCode::kNotFound);
   EXPECT_TRUE(m.Exists("c").ok());
-  ASSERT_TRUE(m.SetPin("f", Pin::kHard, Millis(0)).ok());
+  ASSERT_TRUE(m.SetPin("f", StorePin::kHard, Millis(0)).ok());
   ASSERT_TRUE(Put(m, "g", 4096).ok());  // only the soft pin is left
   EXPECT_EQ(m.Exists("c").code(), StatusCode::kNotFound);
-  ASSERT_TRUE(m.SetPin("g", Pin::kHard, Millis(0)).ok());
+  ASSERT_TRUE(m.SetPin("g", StorePin::kHard, Millis(0)).ok());
   // Nothing evictable remains: now, and only now, "no space".
   EXPECT_EQ(Put(m, "h", 4096).code(), StatusCode::kResourceExhausted);
   EXPECT_TRUE(m.Exists("a").ok());
@@ -147,9 +147,9 @@ TEST(Master, SilentNodeLosesItsReplicasAndLoneObjectsDisappear) {
   Master m(o);
   ASSERT_TRUE(m.Mount("a:1", {{kBase, 1 << 20}}).ok());
   ASSERT_TRUE(m.Mount("b:1", {{kBase, 1 << 20}}).ok());
-  auto g = m.PutBegin({"both", 100, 2, "", Pin::kNone, Millis(0)}, "");
+  auto g = m.PutBegin({"both", 100, 2, "", StorePin::kNone, Millis(0)}, "");
   ASSERT_TRUE(g.ok() && m.PutEnd("both", g.value().put_id, true).ok());
-  g = m.PutBegin({"on_a", 100, 1, "a:1", Pin::kNone, Millis(0)}, "");
+  g = m.PutBegin({"on_a", 100, 1, "a:1", StorePin::kNone, Millis(0)}, "");
   ASSERT_TRUE(g.ok() && m.PutEnd("on_a", g.value().put_id, true).ok());
   ASSERT_EQ(g.value().replicas[0].node, "a:1");
   // b keeps heartbeating, a goes silent.

@@ -4,7 +4,6 @@
 
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -15,11 +14,6 @@
 #include "integration/peer.h"
 
 namespace ferry::test {
-
-inline std::string FerryBin() {
-  const char* env = std::getenv("FERRY_BIN");
-  return env != nullptr && *env != '\0' ? env : FERRY_BIN;
-}
 
 struct Cluster {
   cli::MasterProcess master;

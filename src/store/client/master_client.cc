@@ -63,6 +63,26 @@ Result<std::vector<StoreReplica>> ReadReplicas(
   return out;
 }
 
+// An answered item's status and, when OK, its replicas, checked against `size`.
+template <typename Answer>
+Status ReadItem(const Answer& r, uint64_t size, std::vector<StoreReplica>* replicas) {
+  FERRY_RETURN_IF_ERROR(FromProto(r.status()));
+  FERRY_ASSIGN_OR_RETURN(*replicas, ReadReplicas(r.replicas(), size));
+  return Status::Ok();
+}
+
+// A put timeout or lease from the master, capped at a day so that no deadline
+// built from it overflows.
+Millis Term(uint64_t ms) { return Millis(std::min<uint64_t>(ms, 24ull * 3600 * 1000)); }
+
+// ProtocolError unless the master answered `n` items.
+Status CheckCount(int answered, size_t n) {
+  if (static_cast<size_t>(answered) != n) {
+    return Status(StatusCode::kProtocolError, "master answered a different number of items");
+  }
+  return Status::Ok();
+}
+
 std::unique_ptr<grpc::ClientContext> Context(Millis timeout) {
   auto ctx = std::make_unique<grpc::ClientContext>();
   ctx->set_deadline(std::chrono::system_clock::now() + timeout);
@@ -71,9 +91,7 @@ std::unique_ptr<grpc::ClientContext> Context(Millis timeout) {
 
 template <typename Resp>
 Result<std::vector<Status>> Statuses(const Resp& resp, size_t n) {
-  if (static_cast<size_t>(resp.results_size()) != n) {
-    return Status(StatusCode::kProtocolError, "master answered a different number of items");
-  }
+  FERRY_RETURN_IF_ERROR(CheckCount(resp.results_size(), n));
   std::vector<Status> out;
   for (const auto& s : resp.results()) out.push_back(FromProto(s));
   return out;
@@ -83,7 +101,6 @@ Result<std::vector<Status>> Statuses(const Resp& resp, size_t n) {
 
 class MasterClient::Impl {
  public:
-  std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<pb::Master::Stub> stub;
   Millis timeout;
 };
@@ -103,8 +120,8 @@ Result<std::unique_ptr<MasterClient>> MasterClient::Connect(const std::string& a
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetMaxReceiveMessageSize(64 << 20);
   auto impl = std::make_unique<Impl>();
-  impl->channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-  impl->stub = pb::Master::NewStub(impl->channel);
+  impl->stub = pb::Master::NewStub(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
   impl->timeout = rpc_timeout;
   return std::unique_ptr<MasterClient>(new MasterClient(address, std::move(impl)));
 }
@@ -183,22 +200,14 @@ Result<std::vector<PutGrantItem>> MasterClient::PutBegin(const std::vector<PutRe
         pb::PutBeginResponse resp;
         auto ctx = Context(impl_->timeout);
         FERRY_RETURN_IF_ERROR(FromGrpc(impl_->stub->PutBegin(ctx.get(), req, &resp), "PutBegin"));
-        if (static_cast<size_t>(resp.results_size()) != count) {
-          return Status(StatusCode::kProtocolError, "master answered a different number of items");
-        }
+        FERRY_RETURN_IF_ERROR(CheckCount(resp.results_size(), count));
         std::vector<PutGrantItem> out(count);
         for (size_t i = 0; i < count; ++i) {
           const auto& r = resp.results(static_cast<int>(i));
-          out[i].status = FromProto(r.status());
+          out[i].status = ReadItem(r, items[first + i].size, &out[i].replicas);
           if (!out[i].status.ok()) continue;
-          auto reps = ReadReplicas(r.replicas(), items[first + i].size);
-          if (!reps.ok()) {
-            out[i].status = reps.status();
-            continue;
-          }
-          out[i].replicas = std::move(reps).value();
           out[i].put_id = r.put_id();
-          out[i].timeout = Millis(std::min<uint64_t>(r.timeout_ms(), 24ull * 3600 * 1000));
+          out[i].timeout = Term(r.timeout_ms());
         }
         return out;
       });
@@ -240,22 +249,14 @@ Result<std::vector<GetItem>> MasterClient::Get(const std::vector<std::string>& k
         pb::GetResponse resp;
         auto ctx = Context(impl_->timeout);
         FERRY_RETURN_IF_ERROR(FromGrpc(impl_->stub->Get(ctx.get(), req, &resp), "Get"));
-        if (static_cast<size_t>(resp.results_size()) != count) {
-          return Status(StatusCode::kProtocolError, "master answered a different number of items");
-        }
+        FERRY_RETURN_IF_ERROR(CheckCount(resp.results_size(), count));
         std::vector<GetItem> out(count);
         for (size_t i = 0; i < count; ++i) {
           const auto& r = resp.results(static_cast<int>(i));
-          out[i].status = FromProto(r.status());
+          out[i].status = ReadItem(r, r.size(), &out[i].location.replicas);
           if (!out[i].status.ok()) continue;
-          auto reps = ReadReplicas(r.replicas(), r.size());
-          if (!reps.ok()) {
-            out[i].status = reps.status();
-            continue;
-          }
           out[i].location.size = r.size();
-          out[i].location.replicas = std::move(reps).value();
-          out[i].location.lease = Millis(std::min<uint64_t>(r.lease_ms(), 24ull * 3600 * 1000));
+          out[i].location.lease = Term(r.lease_ms());
           out[i].lease_id = r.lease_id();
         }
         return out;

@@ -10,23 +10,36 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "store/client/master_client.h"
+#include "store/master/master.h"
 #include "store/master/service.h"
 #include "store/node/node.h"
 
 namespace ferry {
 
+using store::Master;
 using store::MasterClient;
 
 namespace {
 
-Status CheckKey(std::string_view key) {
-  if (key.empty()) return Status(StatusCode::kInvalidArgument, "empty key");
-  if (key.size() > Store::kMaxKeyBytes) {
-    return Status(StatusCode::kInvalidArgument, "key of " + std::to_string(key.size()) +
-                                                    " bytes; the limit is " +
-                                                    std::to_string(Store::kMaxKeyBytes));
+// The keys that pass Master::CheckKey, to send to the master: ask[j] is
+// keys[index[j]].
+struct ValidKeys {
+  std::vector<std::string> ask;
+  std::vector<size_t> index;
+};
+
+// Checks every key, each one's status into (*st)[i] (resized to the keys).
+ValidKeys CheckKeys(std::span<const std::string> keys, std::vector<Status>* st) {
+  ValidKeys v;
+  st->resize(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    (*st)[i] = Master::CheckKey(keys[i]);
+    if ((*st)[i].ok()) {
+      v.ask.push_back(keys[i]);
+      v.index.push_back(i);
+    }
   }
-  return Status::Ok();
+  return v;
 }
 
 // Where a get puts a value: a vector sized on arrival, or a caller buffer.
@@ -176,7 +189,7 @@ std::vector<Status> Store::Impl::Put(std::span<const std::string> keys,
   std::vector<size_t> index;  // items[j] is keys[index[j]]
   for (size_t i = 0; i < keys.size(); ++i) {
     if (!out[i].ok()) continue;
-    out[i] = CheckKey(keys[i]);
+    out[i] = Master::CheckKey(keys[i]);
     if (out[i].ok() && (values[i].size == 0 || values[i].data == nullptr)) {
       out[i] = Status(StatusCode::kInvalidArgument, "empty value");
     }
@@ -204,13 +217,12 @@ std::vector<Status> Store::Impl::Put(std::span<const std::string> keys,
   // engine batch for all.
   std::vector<Request> reqs;
   std::vector<size_t> owner;
-  Deadline deadline;
+  Clock::time_point end = Clock::time_point::max();  // the first put timeout
   for (size_t j = 0; j < items.size(); ++j) {
     Status& st = out[index[j]];
     st = g[j].status;
     if (!st.ok()) continue;
-    deadline = std::min(deadline, Deadline(t0 + g[j].timeout),
-                        [](const Deadline& a, const Deadline& b) { return a.at() < b.at(); });
+    end = std::min(end, t0 + g[j].timeout);
     const Source& src = values[index[j]];
     for (const auto& rep : g[j].replicas) {
       uint64_t off = 0;
@@ -229,7 +241,7 @@ std::vector<Status> Store::Impl::Put(std::span<const std::string> keys,
     }
   }
   std::vector<Status> moved;
-  RunBatch(*engine, reqs, deadline, &moved);
+  RunBatch(*engine, reqs, Deadline(end), &moved);
   for (size_t r = 0; r < reqs.size(); ++r) {
     Status& st = out[index[owner[r]]];
     if (st.ok() && !moved[r].ok()) st = moved[r];
@@ -254,24 +266,15 @@ std::vector<Status> Store::Impl::Put(std::span<const std::string> keys,
 
 std::vector<Result<size_t>> Store::Impl::Get(std::span<const std::string> keys,
                                              std::vector<Sink>& sinks) {
-  std::vector<Status> st(keys.size());
+  std::vector<Status> st;
+  const auto [ask, index] = CheckKeys(keys, &st);
   std::vector<uint64_t> sizes(keys.size(), 0);
-  std::vector<std::string> ask;
-  std::vector<size_t> index;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    st[i] = CheckKey(keys[i]);
-    if (st[i].ok()) {
-      ask.push_back(keys[i]);
-      index.push_back(i);
-    }
-  }
   const auto t0 = Clock::now();
   std::vector<store::GetItem> found;
   if (!ask.empty()) {
     auto r = client->Get(ask);
     if (!r.ok()) {
       for (size_t i : index) st[i] = r.status();
-      ask.clear();
     } else {
       found = std::move(r).value();
     }
@@ -279,7 +282,7 @@ std::vector<Result<size_t>> Store::Impl::Get(std::span<const std::string> keys,
   // Replica order per item: one in this process first.
   std::vector<std::vector<size_t>> order(found.size());
   std::vector<uint8_t*> dst(found.size(), nullptr);
-  Deadline deadline;
+  Clock::time_point lease_end = Clock::time_point::max();  // the first lease to end
   for (size_t j = 0; j < found.size(); ++j) {
     const size_t i = index[j];
     st[i] = found[j].status;
@@ -304,8 +307,7 @@ std::vector<Result<size_t>> Store::Impl::Get(std::span<const std::string> keys,
     } else {
       dst[j] = s.buf;
     }
-    deadline = std::min(deadline, Deadline(t0 + loc.lease),
-                        [](const Deadline& a, const Deadline& b) { return a.at() < b.at(); });
+    lease_end = std::min(lease_end, t0 + loc.lease);
     for (size_t r = 0; r < loc.replicas.size(); ++r) {
       const bool local = Local(loc.replicas[r].extents.front());
       if (local) {
@@ -315,6 +317,7 @@ std::vector<Result<size_t>> Store::Impl::Get(std::span<const std::string> keys,
       }
     }
   }
+  const Deadline deadline(lease_end);
   if (opts.read_delay.count() > 0) std::this_thread::sleep_for(opts.read_delay);
   // Rounds: each item reads its next replica until one succeeds.
   std::vector<size_t> pending;
@@ -527,16 +530,8 @@ std::vector<Result<size_t>> Store::BatchGetInto(std::span<const std::string> key
 // the answers back: one status per key, in order.
 template <typename F>
 static std::vector<Status> KeyCall(std::span<const std::string> keys, F&& call) {
-  std::vector<Status> out(keys.size());
-  std::vector<std::string> ask;
-  std::vector<size_t> index;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    out[i] = CheckKey(keys[i]);
-    if (out[i].ok()) {
-      ask.push_back(keys[i]);
-      index.push_back(i);
-    }
-  }
+  std::vector<Status> out;
+  const auto [ask, index] = CheckKeys(keys, &out);
   if (ask.empty()) return out;
   Result<std::vector<Status>> r = call(ask);
   for (size_t j = 0; j < ask.size(); ++j) out[index[j]] = r.ok() ? r.value()[j] : r.status();
@@ -560,17 +555,10 @@ std::vector<Status> Store::BatchPin(std::span<const std::string> keys, StorePin 
 }
 
 std::vector<Result<ObjectLocation>> Store::BatchLocate(std::span<const std::string> keys) {
-  std::vector<Result<ObjectLocation>> out;
-  std::vector<std::string> ask;
-  std::vector<size_t> index;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    Status st = CheckKey(keys[i]);
-    out.push_back(st.ok() ? Result<ObjectLocation>(ObjectLocation{}) : Result<ObjectLocation>(st));
-    if (st.ok()) {
-      ask.push_back(keys[i]);
-      index.push_back(i);
-    }
-  }
+  std::vector<Status> st;
+  const auto [ask, index] = CheckKeys(keys, &st);
+  // The valid keys' results are all set from the master's answer below.
+  std::vector<Result<ObjectLocation>> out(st.begin(), st.end());
   if (ask.empty()) return out;
   auto r = impl_->client->Get(ask);
   for (size_t j = 0; j < ask.size(); ++j) {

@@ -8,11 +8,15 @@
 namespace ferry::store {
 namespace {
 
+uint64_t Bytes(const Allocation& a) {
+  uint64_t n = 0;
+  for (const auto& e : a.extents) n += OffsetAllocator::RoundUp(e.length);
+  return n;
+}
+
 uint64_t Bytes(const std::vector<Allocation>& replicas) {
   uint64_t n = 0;
-  for (const auto& a : replicas) {
-    for (const auto& e : a.extents) n += OffsetAllocator::RoundUp(e.length);
-  }
+  for (const auto& a : replicas) n += Bytes(a);
   return n;
 }
 
@@ -44,7 +48,7 @@ void Master::Loop() {
   }
 }
 
-Status Master::CheckKey(const std::string& key) {
+Status Master::CheckKey(std::string_view key) {
   if (key.empty()) return Status(StatusCode::kInvalidArgument, "empty key");
   if (key.size() > kMaxKeyBytes) {
     return Status(StatusCode::kInvalidArgument, "key of " + std::to_string(key.size()) +
@@ -122,7 +126,7 @@ void Master::FreeLater(std::vector<Allocation> replicas, Clock::time_point until
   }
   std::lock_guard lock(deferred_mu_);
   for (auto& a : replicas) {
-    deferred_bytes_ += Bytes({a});
+    deferred_bytes_ += Bytes(a);
     deferred_.push_back({std::move(a), until});
   }
 }
@@ -282,7 +286,7 @@ Status Master::Remove(const std::string& key, bool force) {
   return Status::Ok();
 }
 
-Status Master::SetPin(const std::string& key, Pin pin, Millis ttl) {
+Status Master::SetPin(const std::string& key, StorePin pin, Millis ttl) {
   FERRY_RETURN_IF_ERROR(CheckKey(key));
   Shard& shard = ShardOf(key);
   std::lock_guard lock(shard.mu);
@@ -303,8 +307,9 @@ uint64_t Master::Evict(uint64_t bytes, bool soft) {
   };
   const auto now = Clock::now();
   auto evictable = [&](Object& o, bool* soft_pinned) {
-    *soft_pinned = o.pin == Pin::kSoft && o.pin_until > now;
-    return o.complete && o.pin != Pin::kHard && (soft || !*soft_pinned) && o.LeaseEnd(now) <= now;
+    *soft_pinned = o.pin == StorePin::kSoft && o.pin_until > now;
+    return o.complete && o.pin != StorePin::kHard && (soft || !*soft_pinned) &&
+           o.LeaseEnd(now) <= now;
   };
   std::vector<Candidate> cands;
   for (auto& shard : shards_) {
@@ -349,7 +354,7 @@ void Master::Tick() {
       std::lock_guard lock(deferred_mu_);
       for (auto it = deferred_.begin(); it != deferred_.end();) {
         if (it->until <= now) {
-          deferred_bytes_ -= Bytes({it->allocation});
+          deferred_bytes_ -= Bytes(it->allocation);
           due.push_back(std::move(it->allocation));
           it = deferred_.erase(it);
         } else {

@@ -13,12 +13,14 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "common/clock.h"
 #include "ferry/status.h"
+#include "ferry/store.h"
 #include "store/master/space.h"
 
 namespace ferry::store {
@@ -36,14 +38,12 @@ struct MasterOptions {
   uint32_t max_replicas = 8;
 };
 
-enum class Pin : uint8_t { kNone = 0, kSoft = 1, kHard = 2 };
-
 struct PutSpec {
   std::string key;
   uint64_t size = 0;
   uint32_t replicas = 1;
   std::string preferred;  // node to hold the first replica
-  Pin pin = Pin::kNone;
+  StorePin pin = StorePin::kNone;
   Millis pin_ttl{0};
 };
 
@@ -72,8 +72,8 @@ struct MasterStats {
 
 class Master {
  public:
-  // Key limits checked by every operation.
-  static constexpr size_t kMaxKeyBytes = 1024;
+  // Key limits checked by every operation: the client API's.
+  static constexpr size_t kMaxKeyBytes = Store::kMaxKeyBytes;
 
   // Starts the background thread (reclaim, node expiry, eviction).
   explicit Master(MasterOptions options);
@@ -107,15 +107,16 @@ class Master {
   Status Exists(const std::string& key);
   // Busy while leased or being written, unless forced.
   Status Remove(const std::string& key, bool force);
-  // Sets the pin of a complete object; Pin::kNone unpins.
-  Status SetPin(const std::string& key, Pin pin, Millis ttl);
+  // Sets the pin of a complete object; StorePin::kNone unpins.
+  Status SetPin(const std::string& key, StorePin pin, Millis ttl);
 
   // Background work, also run by the thread every options.tick.
   void Tick();
   MasterStats Stats() const;
 
-  // InvalidArgument unless 1 <= key size <= kMaxKeyBytes.
-  static Status CheckKey(const std::string& key);
+  // InvalidArgument unless 1 <= key size <= kMaxKeyBytes. Clients check keys
+  // with it too, before sending them.
+  static Status CheckKey(std::string_view key);
 
  private:
   struct Object {
@@ -128,7 +129,7 @@ class Master {
     Clock::time_point last_access;
     // When the last lease ends; drops the ended ones. Before `now`: unleased.
     Clock::time_point LeaseEnd(Clock::time_point now);
-    Pin pin = Pin::kNone;
+    StorePin pin = StorePin::kNone;
     Clock::time_point pin_until;
   };
   struct Shard {

@@ -102,7 +102,7 @@ class Service final : public pb::Master::Service {
                     out->mutable_status());
           continue;
         }
-        spec.pin = static_cast<ferry::store::Pin>(item.pin());
+        spec.pin = static_cast<StorePin>(item.pin());
         spec.pin_ttl = Millis(item.pin_ttl_ms());
         auto grant = m_.PutBegin(spec, client);
         SetStatus(grant.status(), out->mutable_status());
@@ -183,8 +183,7 @@ class Service final : public pb::Master::Service {
         Status st =
             !pb::PinKind_IsValid(item.kind()) || item.ttl_ms() > kMaxTtlMs
                 ? Status(StatusCode::kInvalidArgument, "unknown pin kind or TTL over a year")
-                : m_.SetPin(item.key(), static_cast<ferry::store::Pin>(item.kind()),
-                            Millis(item.ttl_ms()));
+                : m_.SetPin(item.key(), static_cast<StorePin>(item.kind()), Millis(item.ttl_ms()));
         SetStatus(st, resp->add_results());
       }
       return grpc::Status::OK;

@@ -31,22 +31,14 @@ Result<uint64_t> Space::Mount(const std::string& node, const std::vector<Region>
     }
   }
   std::lock_guard lock(mu_);
-  auto it = nodes_.find(node);
-  if (it != nodes_.end()) {
+  if (auto it = nodes_.find(node); it != nodes_.end()) {
     *replaced = it->second.generation;
-    for (const auto& s : it->second.slabs) {
-      capacity_ -= s.alloc.size();
-      used_ -= s.alloc.size() - s.alloc.free_bytes();
-    }
     nodes_.erase(it);
   }
   Node n;
   n.generation = next_generation_++;
   n.last_seen = Clock::now();
-  for (const Region& r : sorted) {
-    n.slabs.push_back(Slab{r, OffsetAllocator(r.size)});
-    capacity_ += n.slabs.back().alloc.size();
-  }
+  for (const Region& r : sorted) n.slabs.push_back(Slab{r, OffsetAllocator(r.size)});
   const uint64_t gen = n.generation;
   nodes_.emplace(node, std::move(n));
   return gen;
@@ -65,25 +57,22 @@ uint64_t Space::Unmount(const std::string& node) {
   auto it = nodes_.find(node);
   if (it == nodes_.end()) return 0;
   const uint64_t gen = it->second.generation;
-  for (const auto& s : it->second.slabs) {
-    capacity_ -= s.alloc.size();
-    used_ -= s.alloc.size() - s.alloc.free_bytes();
-  }
   nodes_.erase(it);
   return gen;
 }
 
 std::vector<std::pair<std::string, uint64_t>> Space::Expire(Clock::time_point cutoff) {
-  std::vector<std::string> names;
-  {
-    std::lock_guard lock(mu_);
-    for (const auto& [name, n] : nodes_) {
-      if (n.last_seen < cutoff) names.push_back(name);
-    }
-  }
   std::vector<std::pair<std::string, uint64_t>> out;
-  for (const auto& name : names) {
-    if (uint64_t gen = Unmount(name); gen != 0) out.emplace_back(name, gen);
+  // One pass under the lock: a heartbeat is either before it (the node stays)
+  // or finds the node gone (and it mounts again).
+  std::lock_guard lock(mu_);
+  for (auto it = nodes_.begin(); it != nodes_.end();) {
+    if (it->second.last_seen < cutoff) {
+      out.emplace_back(it->first, it->second.generation);
+      it = nodes_.erase(it);
+    } else {
+      ++it;
+    }
   }
   return out;
 }
@@ -153,9 +142,6 @@ Result<std::vector<Allocation>> Space::Allocate(const Placement& p) {
     return Status(StatusCode::kResourceExhausted, "no room for " + std::to_string(p.replicas) +
                                                       " x " + std::to_string(p.size) + " bytes");
   }
-  for (const auto& a : out) {
-    for (const auto& e : a.extents) used_ += OffsetAllocator::RoundUp(e.length);
-  }
   return out;
 }
 
@@ -164,12 +150,18 @@ void Space::Free(const Allocation& a) {
   auto it = nodes_.find(a.node);
   if (it == nodes_.end() || it->second.generation != a.generation) return;
   FreeOn(it->second, a.extents);
-  for (const auto& e : a.extents) used_ -= OffsetAllocator::RoundUp(e.length);
 }
 
 SpaceUsage Space::Usage() const {
   std::lock_guard lock(mu_);
-  return {capacity_, used_, nodes_.size()};
+  SpaceUsage u{0, 0, nodes_.size()};
+  for (const auto& [name, n] : nodes_) {
+    for (const auto& s : n.slabs) {
+      u.capacity += s.alloc.size();
+      u.used += s.alloc.size() - s.alloc.free_bytes();
+    }
+  }
+  return u;
 }
 
 }  // namespace ferry::store

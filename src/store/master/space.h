@@ -93,8 +93,6 @@ class Space {
   mutable std::mutex mu_;
   std::map<std::string, Node> nodes_;  // guarded by mu_
   uint64_t next_generation_ = 1;       // guarded by mu_
-  uint64_t capacity_ = 0;              // guarded by mu_
-  uint64_t used_ = 0;                  // guarded by mu_
 };
 
 }  // namespace ferry::store
