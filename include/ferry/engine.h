@@ -67,6 +67,9 @@ struct EngineOptions {
   // tcp_lanes, so lanes move data in parallel where cores allow.
   int io_threads = 0;
   int copy_threads = 2;  // shm and local copy threads; env FERRY_COPY_THREADS
+  // Threads that land GPU-bound tcp data received in staging, so the socket
+  // threads read on; env FERRY_LANDING_THREADS. 0: on the socket threads.
+  int landing_threads = 2;
   std::chrono::milliseconds request_timeout{30000};  // default deadline of a request
   std::chrono::milliseconds connect_timeout{5000};   // connects and descriptor fetches
 };

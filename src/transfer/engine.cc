@@ -114,6 +114,7 @@ class Engine::Impl {
     while (!io_.stopped() && !idle.Expired()) std::this_thread::sleep_for(Millis(1));
     io_.stop();
     for (auto& t : io_threads_) t.join();
+    landing_pool_.reset();  // its jobs use the listener's staging
     listener_.reset();
     copy_pool_.reset();
     copier_.reset();  // after the copy threads, which enqueue on it
@@ -159,6 +160,9 @@ class Engine::Impl {
     }
     FERRY_RETURN_IF_ERROR(MakeGenerationPage());
     copy_pool_ = std::make_unique<ThreadPool>(options_.copy_threads);
+    if (has_gpu_ && options_.landing_threads > 0) {
+      landing_pool_ = std::make_unique<ThreadPool>(options_.landing_threads);
+    }
     Listener::Config cfg;
     cfg.host = options_.host;
     cfg.port = options_.port;
@@ -166,6 +170,7 @@ class Engine::Impl {
     cfg.frame_timeout = options_.request_timeout;
     cfg.max_connections = static_cast<size_t>(env::GetInt("FERRY_MAX_CONNECTIONS", 1024));
     cfg.staging_bytes = options_.tcp_chunk_bytes;
+    cfg.landing = landing_pool_.get();
     auto l = Listener::Start(io_, cfg, registry_, copier_.get(),
                              [this] { return EncodeDescriptor(Describe()); });
     if (!l.ok()) return l.status();
@@ -175,7 +180,7 @@ class Engine::Impl {
         ":" + std::to_string(listener_->port());
 
     ctx_ = std::make_unique<EngineContext>(
-        EngineContext{options_, io_, *copy_pool_, registry_, copier_.get()});
+        EngineContext{options_, io_, *copy_pool_, registry_, copier_.get(), landing_pool_.get()});
     for (const auto& reg : RegisteredTransports()) transports_.push_back(reg.factory(*ctx_));
     std::sort(transports_.begin(), transports_.end(),
               [](const auto& a, const auto& b) { return a->caps().priority < b->caps().priority; });
@@ -670,6 +675,8 @@ class Engine::Impl {
     options_.io_threads = static_cast<int>(env::GetInt("FERRY_IO_THREADS", options_.io_threads));
     options_.copy_threads =
         static_cast<int>(env::GetInt("FERRY_COPY_THREADS", options_.copy_threads));
+    options_.landing_threads =
+        static_cast<int>(env::GetInt("FERRY_LANDING_THREADS", options_.landing_threads));
   }
 
   // R7: a remote range must lie inside one registered buffer of the target,
@@ -773,6 +780,7 @@ class Engine::Impl {
   std::unique_ptr<gpu::Copier> copier_;  // null without a GPU
   std::unique_ptr<StreamRelay> relay_;   // null without a GPU
   std::unique_ptr<ThreadPool> copy_pool_;
+  std::unique_ptr<ThreadPool> landing_pool_;  // null without a GPU, or with landing_threads 0
   std::unique_ptr<Listener> listener_;
   std::unique_ptr<EngineContext> ctx_;
   std::vector<std::unique_ptr<Transport>> transports_;

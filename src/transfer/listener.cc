@@ -6,7 +6,6 @@
 #include <mutex>
 #include <optional>
 
-#include "common/cache.h"
 #include "common/log.h"
 #include "gpu/copier.h"
 #include "transfer/memory_registry.h"
@@ -32,6 +31,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   struct Gpu {
     gpu::Copier* copier;
     StagingPool* staging;
+    ThreadPool* landing;  // null: land on the strand's thread
   };
 
   Connection(tcp::socket sock, const Listener::Config& cfg, const MemoryRegistry& registry,
@@ -270,10 +270,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Runs `next` on the strand once the staged copy has landed, or failed.
   void CopyThen(void* dst, const void* src, size_t n, int device,
                 std::function<void(const Status&)> next) {
-    gpu_->copier->CopyAsync(dst, src, n, device, nullptr,
-                            [self = shared_from_this(), next = std::move(next)](const Status& st) {
-                              asio::post(self->sock_.get_executor(), [st, next] { next(st); });
-                            });
+    gpu_->copier->CopyAsync(dst, src, n, device, nullptr, OnStrand(std::move(next)));
+  }
+  // The same for a buffer just received; `pool` as for LandStaged.
+  void LandThen(void* dst, const char* buf, size_t n, int device, ThreadPool* pool,
+                std::function<void(const Status&)> next) {
+    LandStaged(pool, *gpu_->copier, dst, buf, n, device, nullptr, OnStrand(std::move(next)));
+  }
+  std::function<void(const Status&)> OnStrand(std::function<void(const Status&)> next) {
+    return [self = shared_from_this(), next = std::move(next)](const Status& st) {
+      asio::post(self->sock_.get_executor(), [st, next] { next(st); });
+    };
   }
 
   void GiveBack(char* buf) { gpu_->staging->Give(buf); }
@@ -292,9 +299,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
               self->GiveBack(buf);
               return self->Shutdown();
             }
-            WriteBackForDma(buf, h.length);
-            self->CopyThen(reinterpret_cast<void*>(h.addr), buf, h.length, device,
-                           [self, h, out, buf](const Status& st) {
+            self->LandThen(reinterpret_cast<void*>(h.addr), buf, h.length, device,
+                           self->gpu_->landing, [self, h, out, buf](const Status& st) {
                              self->GiveBack(buf);
                              if (!st.ok()) {
                                FERRY_LOG_ERROR("listener: GPU write at 0x{:x} failed: {}", h.addr,
@@ -355,21 +361,23 @@ class Connection : public std::enable_shared_from_this<Connection> {
             return self->Shutdown();
           }
           char* dst = reinterpret_cast<char*>(h.addr) + off;
-          WriteBackForDma(buf, n);
-          self->CopyThen(dst, buf, n, device, [self, h, device, buf, off, n](const Status& st) {
-            self->EndFrame();
-            if (st.ok() && off + n < h.length) {
-              return self->WriteToDeviceSerial(h, device, buf, off + n);
-            }
-            self->GiveBack(buf);
-            self->writing_ = false;
-            if (!st.ok()) {
-              FERRY_LOG_ERROR("listener: GPU write at 0x{:x} failed: {}", h.addr, st.ToString());
-              return self->Discard(h, h.length - off - n, StatusCode::kInternal);
-            }
-            self->Reply({Opcode::kWriteAck, StatusCode::kOk, h.id, h.addr, 0}, nullptr);
-            self->ReadNext();
-          });
+          // Inline: nothing else is read on this connection meanwhile.
+          self->LandThen(
+              dst, buf, n, device, nullptr, [self, h, device, buf, off, n](const Status& st) {
+                self->EndFrame();
+                if (st.ok() && off + n < h.length) {
+                  return self->WriteToDeviceSerial(h, device, buf, off + n);
+                }
+                self->GiveBack(buf);
+                self->writing_ = false;
+                if (!st.ok()) {
+                  FERRY_LOG_ERROR("listener: GPU write at 0x{:x} failed: {}", h.addr,
+                                  st.ToString());
+                  return self->Discard(h, h.length - off - n, StatusCode::kInternal);
+                }
+                self->Reply({Opcode::kWriteAck, StatusCode::kOk, h.id, h.addr, 0}, nullptr);
+                self->ReadNext();
+              });
         });
   }
 
@@ -462,7 +470,7 @@ class ListenerImpl : public Listener {
         acceptor_(asio::make_strand(io)) {
     if (copier != nullptr) {
       staging_ = StagingPool::Create(cfg_.staging_buffers, cfg_.staging_bytes, "listener");
-      if (staging_) gpu_ = Connection::Gpu{copier, staging_.get()};
+      if (staging_) gpu_ = Connection::Gpu{copier, staging_.get(), cfg_.landing};
     }
   }
 

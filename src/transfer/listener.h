@@ -26,6 +26,7 @@ class io_context;
 namespace ferry {
 
 class MemoryRegistry;
+class ThreadPool;
 namespace gpu {
 class Copier;
 }
@@ -43,6 +44,9 @@ class Listener {
     // Pinned staging for GPU memory, made at start when there is a GPU.
     size_t staging_buffers = 16;
     size_t staging_bytes = 512 << 10;
+    // Where received staging is landed in GPU memory (LandStaged); null:
+    // on the socket's thread. Must outlive the listener.
+    ThreadPool* landing = nullptr;
   };
   using DescriptorFn = std::function<std::vector<uint8_t>()>;
 

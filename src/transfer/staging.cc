@@ -1,6 +1,9 @@
 #include "transfer/staging.h"
 
+#include "common/cache.h"
 #include "common/log.h"
+#include "common/thread_pool.h"
+#include "gpu/copier.h"
 #include "gpu/gpu.h"
 
 namespace ferry {
@@ -57,6 +60,18 @@ void StagingPool::Give(char* buf) {
     waiting_.pop_front();
   }
   next(buf);
+}
+
+void LandStaged(ThreadPool* pool, gpu::Copier& copier, void* dst, const char* buf, size_t n,
+                int device, std::shared_ptr<gpu::ReadyEvent> ready,
+                std::function<void(const Status&)> done) {
+  auto land = [&copier, dst, buf, n, device, ready = std::move(ready),
+               done = std::move(done)]() mutable {
+    WriteBackForDma(buf, n);
+    copier.CopyAsync(dst, buf, n, device, std::move(ready), std::move(done));
+  };
+  if (pool == nullptr) return land();
+  pool->Post(std::move(land));
 }
 
 }  // namespace ferry

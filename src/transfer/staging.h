@@ -9,7 +9,15 @@
 #include <mutex>
 #include <vector>
 
+#include "ferry/status.h"
+
 namespace ferry {
+
+class ThreadPool;
+namespace gpu {
+class Copier;
+class ReadyEvent;
+}  // namespace gpu
 
 class StagingPool {
  public:
@@ -38,5 +46,15 @@ class StagingPool {
   std::vector<char*> free_;                         // guarded by mu_
   std::deque<std::function<void(char*)>> waiting_;  // guarded by mu_
 };
+
+// Moves `n` bytes just received into staging `buf` to GPU memory at `dst`:
+// writes the buffer's cache lines back for the DMA (common/cache.h), then
+// enqueues the host-to-device copy after `ready`; `done` runs on the
+// copier's completion thread. With a `pool`, both happen on one of its
+// threads, so the socket thread that filled `buf` reads on at once: the
+// write-back costs it about as long as the receive itself. Null: inline.
+void LandStaged(ThreadPool* pool, gpu::Copier& copier, void* dst, const char* buf, size_t n,
+                int device, std::shared_ptr<gpu::ReadyEvent> ready,
+                std::function<void(const Status&)> done);
 
 }  // namespace ferry

@@ -31,6 +31,7 @@ struct EngineContext {
   ThreadPool& copy_pool;
   const MemoryRegistry& registry;
   gpu::Copier* copier;  // null without a GPU
+  ThreadPool* landing;  // lands received staging in GPU memory; null: inline
 };
 
 struct TransportCaps {

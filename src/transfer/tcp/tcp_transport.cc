@@ -4,7 +4,6 @@
 #include <atomic>
 #include <functional>
 
-#include "common/cache.h"
 #include "common/log.h"
 #include "gpu/copier.h"
 #include "gpu/gpu.h"
@@ -27,8 +26,11 @@ namespace {
 class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndpoint> {
  public:
   TcpEndpoint(std::vector<std::shared_ptr<Lane>> lanes, gpu::Copier* copier,
-              std::unique_ptr<StagingPool> staging)
-      : lanes_(std::move(lanes)), copier_(copier), staging_(std::move(staging)) {}
+              std::unique_ptr<StagingPool> staging, ThreadPool* landing)
+      : lanes_(std::move(lanes)),
+        copier_(copier),
+        staging_(std::move(staging)),
+        landing_(landing) {}
   ~TcpEndpoint() override { Close(); }
 
   void Post(std::vector<Task> tasks) override {
@@ -105,12 +107,11 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
         self->Release(buf);
         return t.Done(s);
       }
-      WriteBackForDma(buf, t.length);
-      self->copier_->CopyAsync(t.local, buf, t.length, t.gpu_device, t.ready,
-                               [self, t, buf](const Status& s2) {
-                                 self->Release(buf);
-                                 t.Done(s2);
-                               });
+      LandStaged(self->landing_, *self->copier_, t.local, buf, t.length, t.gpu_device, t.ready,
+                 [self, t, buf](const Status& s2) {
+                   self->Release(buf);
+                   t.Done(s2);
+                 });
     })});
   }
 
@@ -118,6 +119,7 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
   std::atomic<size_t> next_{0};
   gpu::Copier* copier_;
   std::unique_ptr<StagingPool> staging_;  // null without a GPU
+  ThreadPool* landing_;                   // see LandStaged; null: inline
 };
 
 class TcpTransport : public Transport {
@@ -159,8 +161,8 @@ class TcpTransport : public Transport {
           static_cast<size_t>(ctx_.options.tcp_lanes * ctx_.options.tcp_chunks_in_flight * 2),
           ctx_.options.tcp_chunk_bytes, "tcp");
     }
-    return std::shared_ptr<Endpoint>(
-        std::make_shared<TcpEndpoint>(std::move(lanes), ctx_.copier, std::move(staging)));
+    return std::shared_ptr<Endpoint>(std::make_shared<TcpEndpoint>(
+        std::move(lanes), ctx_.copier, std::move(staging), ctx_.landing));
   }
 
  private:
