@@ -91,8 +91,11 @@ int BenchStore(const BenchStoreArgs& args);
 Result<uint64_t> ParseSize(const std::string& s);
 
 // Blocks SIGINT and SIGTERM in every thread started after it, then waits for one.
+// SIGUSR1 is blocked too, for commands that take it as a request (`ferry
+// serve`), so it never kills a server.
 void BlockStopSignals();
-int WaitForStopSignal();
+// The signal that came: SIGINT, SIGTERM, or with `or_usr1` SIGUSR1.
+int WaitForStopSignal(bool or_usr1 = false);
 
 // For commands that serve until SIGTERM: blocks the stop signals, then makes
 // an engine listening on host:port. On failure says why on stderr, prefixed

@@ -37,14 +37,16 @@ void BlockStopSignals() {
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
-int WaitForStopSignal() {
+int WaitForStopSignal(bool or_usr1) {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
+  if (or_usr1) sigaddset(&set, SIGUSR1);
   int sig = 0;
   sigwait(&set, &sig);
   return sig;
@@ -96,7 +98,8 @@ int main(int argc, char** argv) {
   s->add_option("--alloc", serve_alloc, "Engine-allocated (memfd) bytes to expose");
   s->add_option("--heap", serve_heap, "Heap bytes to register and expose");
   s->add_flag("--prefault", serve.prefault, "Touch every page of --alloc at start");
-  s->add_option("--gpu-alloc", serve_gpu, "GPU bytes to register and expose");
+  s->add_option("--gpu-alloc", serve_gpu,
+                "GPU bytes to register and expose; SIGUSR1 swaps it for a new registration");
   s->add_option("--gpu-device", serve.gpu_device, "The GPU of --gpu-alloc")
       ->check(CLI::Range(0, 63));
 

@@ -1,7 +1,10 @@
+#include <signal.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "cli/cli.h"
 #include "common/prefault.h"
@@ -50,10 +53,37 @@ int Serve(const ServeArgs& args) {
   }
   std::printf("%s\n", out.dump().c_str());
   std::fflush(stdout);
-  WaitForStopSignal();
+  // SIGUSR1 registers a new --gpu-alloc buffer, then unregisters the old one,
+  // and prints the new one as a JSON line: a peer whose registrations change
+  // after segments were opened, for tests. Replaced buffers stay allocated
+  // until exit, as imports of them may still be open elsewhere.
+  std::vector<void*> retired;
+  while (WaitForStopSignal(true) == SIGUSR1) {
+    nlohmann::json swapped;
+    if (gpu_mem == nullptr) {
+      swapped["error"] = "no --gpu-alloc buffer to swap";
+    } else {
+      auto g = gpu::AllocDevice(args.gpu_bytes, args.gpu_device);
+      Status st = g.ok() ? e.RegisterMemory(g.value(), args.gpu_bytes) : g.status();
+      if (st.ok()) st = e.UnregisterMemory(gpu_mem);
+      if (st.ok()) {
+        retired.push_back(gpu_mem);
+        gpu_mem = g.value();
+        swapped["gpu"] = {{"addr", reinterpret_cast<uint64_t>(gpu_mem)},
+                          {"length", args.gpu_bytes},
+                          {"device", args.gpu_device}};
+      } else {
+        if (g.ok()) gpu::FreeDevice(g.value());
+        swapped["error"] = st.ToString();
+      }
+    }
+    std::printf("%s\n", swapped.dump().c_str());
+    std::fflush(stdout);
+  }
   engine.reset();
   std::free(heap);
   if (gpu_mem != nullptr) gpu::FreeDevice(gpu_mem);
+  for (void* p : retired) gpu::FreeDevice(p);
   return 0;
 }
 

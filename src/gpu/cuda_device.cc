@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <mutex>
@@ -87,6 +88,15 @@ std::string ExportIpc(const MemoryInfo& info) {
   return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
 }
 
+namespace {
+std::atomic<int64_t> ipc_open{0};
+std::atomic<uint64_t> ipc_opened{0};
+}  // namespace
+
+IpcImportCounts IpcImports() {
+  return {ipc_open.load(std::memory_order_relaxed), ipc_opened.load(std::memory_order_relaxed)};
+}
+
 Result<void*> OpenIpc(const std::string& handle, int device) {
   cudaIpcMemHandle_t h;
   if (handle.size() != sizeof(h)) return Status(StatusCode::kInvalidArgument, "bad IPC handle");
@@ -99,12 +109,15 @@ Result<void*> OpenIpc(const std::string& handle, int device) {
     return Status(StatusCode::kUnavailable,
                   std::string("cudaIpcOpenMemHandle: ") + cudaGetErrorString(err));
   }
+  ipc_open.fetch_add(1, std::memory_order_relaxed);
+  ipc_opened.fetch_add(1, std::memory_order_relaxed);
   return p;
 }
 
 void CloseIpc(void* base, int device) {
   DeviceGuard guard(device);
   if (cudaIpcCloseMemHandle(base) != cudaSuccess) cudaGetLastError();
+  ipc_open.fetch_sub(1, std::memory_order_relaxed);
 }
 
 Result<void*> AllocDevice(size_t length, int device) {

@@ -48,6 +48,12 @@ std::string ExportIpc(const MemoryInfo& info);
 // a segment is opened, never on a data path. Close with CloseIpc.
 Result<void*> OpenIpc(const std::string& handle, int device);
 void CloseIpc(void* base, int device);
+// Imports open in this process now, and opened since it started; for tests.
+struct IpcImportCounts {
+  int64_t open = 0;
+  uint64_t opened = 0;
+};
+IpcImportCounts IpcImports();
 
 // The physical reference of GPU benchmarks: GB/s of back-to-back
 // cudaMemcpyAsync of `block` bytes on a private non-blocking stream, between

@@ -13,6 +13,7 @@ Result<void*> OpenIpc(const std::string&, int) {
   return Status(StatusCode::kNotSupported, "built without CUDA");
 }
 void CloseIpc(void*, int) {}
+IpcImportCounts IpcImports() { return {}; }
 Result<void*> AllocDevice(size_t, int) {
   return Status(StatusCode::kNotSupported, "built without CUDA");
 }

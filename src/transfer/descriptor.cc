@@ -8,10 +8,10 @@
 namespace ferry {
 
 namespace {
-constexpr uint32_t kDescriptorMagic = 0x32534446;  // "FDS2"
+constexpr uint32_t kDescriptorMagic = 0x33534446;  // "FDS3"
 constexpr size_t kMaxString = 256;
 constexpr size_t kMaxIpcHandle = 64;
-constexpr uint64_t kMinRegionBytes = 8 + 8 + 4 + 1 + 4 + 4 + 8;
+constexpr uint64_t kMinRegionBytes = 8 + 8 + 4 + 1 + 4 + 4 + 8 + 8;
 }  // namespace
 
 const RegionDesc* SegmentDescriptor::Find(uint64_t addr, uint64_t length) const {
@@ -47,6 +47,7 @@ std::vector<uint8_t> EncodeDescriptor(const SegmentDescriptor& d) {
     w.I32(r.device);
     w.Str(r.ipc);
     w.U64(r.ipc_offset);
+    w.U64(r.serial);
   }
   return out;
 }
@@ -79,6 +80,7 @@ Result<SegmentDescriptor> DecodeDescriptor(const uint8_t* data, size_t size) {
     reg.device = r.I32();
     reg.ipc = r.Str(kMaxIpcHandle);
     reg.ipc_offset = r.U64();
+    reg.serial = r.U64();
   }
   if (!r.ok()) return bad("truncated");
   if (r.Left() != 0) return bad("trailing bytes");

@@ -23,6 +23,10 @@ struct RegionDesc {
   int32_t device = -1;      // the owner's GPU index for device memory
   std::string ipc;          // device memory: CUDA IPC handle of the allocation, or empty
   uint64_t ipc_offset = 0;  // addr minus the allocation's base
+  // Unique per registration in the owner's process: a region unregistered and
+  // registered again, even at the same address and fd number, gets a new one,
+  // so peers never mistake it for the mapping they hold.
+  uint64_t serial = 0;
 };
 
 struct SegmentDescriptor {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <asio.hpp>
+#include <condition_variable>
 #include <map>
 #include <optional>
 #include <random>
@@ -93,6 +94,14 @@ class Engine::Impl {
   explicit Impl(EngineOptions o) : options_(std::move(o)) {}
 
   ~Impl() {
+    if (watcher_.joinable()) {
+      {
+        std::lock_guard lk(watch_mu_);
+        watch_stop_ = true;
+      }
+      watch_cv_.notify_all();
+      watcher_.join();
+    }
     if (listener_) listener_->Stop();
     std::vector<std::shared_ptr<Endpoint>> eps;
     {
@@ -192,6 +201,7 @@ class Engine::Impl {
     for (int i = 0; i < io_threads; ++i) {
       io_threads_.emplace_back([this] { io_.run(); });
     }
+    if (has_gpu_) watcher_ = std::thread([this] { Watch(); });
     return Status::Ok();
   }
 
@@ -211,8 +221,8 @@ class Engine::Impl {
     if (options_.transport != "tcp") d.transports.push_back("shm");
     if (copier_ && options_.transport != "tcp") d.transports.push_back("cuda_ipc");
     for (const Region& r : registry_.Snapshot()) {
-      d.regions.push_back(
-          {r.addr, r.length, r.memfd, static_cast<uint8_t>(r.kind), r.device, r.ipc, r.ipc_offset});
+      d.regions.push_back({r.addr, r.length, r.memfd, static_cast<uint8_t>(r.kind), r.device, r.ipc,
+                           r.ipc_offset, r.serial});
     }
     return d;
   }
@@ -230,6 +240,7 @@ class Engine::Impl {
         r.ipc_offset = r.addr - info.alloc_base;
       }
     }
+    r.serial = next_serial_.fetch_add(1, std::memory_order_relaxed);
     FERRY_RETURN_IF_ERROR(registry_.Add(r));
     BumpGeneration();
     return Status::Ok();
@@ -272,6 +283,7 @@ class Engine::Impl {
       r.pinned = true;
       r.kind = gpu::MemoryKind::kHostPinned;
     }
+    r.serial = next_serial_.fetch_add(1, std::memory_order_relaxed);
     Status st = registry_.Add(r);
     if (!st.ok()) {
       ReleaseOwned(r);
@@ -324,8 +336,11 @@ class Engine::Impl {
   }
 
   // Refetches the descriptor. On an epoch change the endpoints are dropped, so
-  // mappings and connections of the old process are never reused.
+  // mappings and connections of the old process are never reused. On a
+  // registration change they follow it before requests see it. One at a time
+  // per segment, and never backwards: a fetch older than what is held is ignored.
   Status Refresh(Segment& seg) {
+    std::lock_guard refreshing(seg.refresh_mu);
     std::shared_ptr<const SegmentDescriptor> fresh;
     if (seg.is_self()) {
       fresh = std::make_shared<SegmentDescriptor>(Describe());
@@ -338,9 +353,16 @@ class Engine::Impl {
       fresh = std::make_shared<SegmentDescriptor>(std::move(d).value());
     }
     auto old = seg.descriptor();
+    const bool restarted = old && old->epoch != fresh->epoch;
+    if (old && !restarted && fresh->generation < old->generation) return Status::Ok();
+    const bool changed = old && !restarted && fresh->generation != old->generation;
+    if (changed) Follow(seg, *fresh);
     seg.WatchGeneration(*fresh, HostIdentity());
     seg.set_descriptor(fresh);
-    if (old && old->epoch != fresh->epoch) {
+    // Again, for any endpoint made meanwhile from the old descriptor; a no-op
+    // for the others.
+    if (changed) Follow(seg, *fresh);
+    if (restarted) {
       FERRY_LOG_WARN("segment {} restarted (epoch {:x} -> {:x}); cache refreshed", seg.name(),
                      old->epoch, fresh->epoch);
       std::vector<std::shared_ptr<Endpoint>> eps;
@@ -350,16 +372,46 @@ class Engine::Impl {
         seg.endpoints.clear();
       }
       for (auto& ep : eps) ep->Close();
-    } else if (old && old->generation != fresh->generation) {
-      // Registrations changed. shm maps buffers from the descriptor it was
-      // made with: drop it, so the next request maps afresh; work in flight
-      // keeps the old endpoint, and its mappings, until done. cuda_ipc keeps
-      // its imports until the segment closes or the peer restarts.
-      std::lock_guard lk(seg.endpoints_mu);
-      std::erase_if(seg.endpoints,
-                    [](const auto& e) { return e.first->caps().kind == TransportKind::kShm; });
     }
     return Status::Ok();
+  }
+
+  // Endpoints that cannot follow a registration change are dropped; work in
+  // flight keeps them, and their mappings, until done.
+  static void Follow(Segment& seg, const SegmentDescriptor& fresh) {
+    std::vector<std::pair<const Transport*, std::shared_ptr<Endpoint>>> eps;
+    {
+      std::lock_guard lk(seg.endpoints_mu);
+      eps.assign(seg.endpoints.begin(), seg.endpoints.end());
+    }
+    for (auto& [t, ep] : eps) {
+      if (ep->Follow(fresh)) continue;
+      std::lock_guard lk(seg.endpoints_mu);
+      auto it = seg.endpoints.find(t);
+      if (it != seg.endpoints.end() && it->second == ep) seg.endpoints.erase(it);
+    }
+  }
+
+  // Follows same-host peers' registration changes off the data path, so the
+  // imports and page-locked mappings a change needs (R4) are made here within
+  // about kWatchPeriod, not by the next submit; one that outruns the watch
+  // does the refresh itself.
+  void Watch() {
+    std::unique_lock lk(watch_mu_);
+    while (!watch_cv_.wait_for(lk, kWatchPeriod, [this] { return watch_stop_; })) {
+      lk.unlock();
+      std::vector<std::shared_ptr<Segment>> segs;
+      {
+        std::lock_guard slk(segments_mu_);
+        for (auto& [id, seg] : segments_) {
+          if (!seg->is_self()) segs.push_back(seg);
+        }
+      }
+      for (auto& seg : segs) {
+        if (seg->Outdated()) (void)Refresh(*seg);  // a failure marks it stale
+      }
+      lk.lock();
+    }
   }
 
   Result<SegmentInfo> GetSegmentInfo(SegmentId id) {
@@ -485,8 +537,9 @@ class Engine::Impl {
       size_t length;
     };
     std::vector<Copy> copies;
-    std::vector<size_t> copied;   // request indices
-    std::vector<size_t> relayed;  // request indices
+    std::vector<std::shared_ptr<const void>> holds;  // the copies' mappings, until done
+    std::vector<size_t> copied;                      // request indices
+    std::vector<size_t> relayed;                     // request indices
     std::set<SegmentId> refreshed;
     std::vector<StreamRelay::Chunk> chunks;
     auto state = std::make_shared<BatchState>(reqs.size());
@@ -510,13 +563,15 @@ class Engine::Impl {
           // the stream's wait depend on that engine's GPU copy, which R5
           // forbids (it deadlocks under lazy loading). The address is ours:
           // copy on the caller's stream, whatever transport is forced.
-          mapped = reinterpret_cast<void*>(r.remote);
+          mapped = Endpoint::Mapped{reinterpret_cast<void*>(r.remote), nullptr};
           via = TransportKind::kLocal;
         }
         if (mapped.ok()) {
           const bool write = r.op == Op::kWrite;
+          void* remote_addr = mapped.value().addr;
           copies.push_back(
-              {write ? mapped.value() : r.local, write ? r.local : mapped.value(), r.length});
+              {write ? remote_addr : r.local, write ? r.local : remote_addr, r.length});
+          if (mapped.value().hold) holds.push_back(std::move(mapped.value().hold));
           copied.push_back(i);
           state->Plan(i, 1, via);
           continue;
@@ -553,9 +608,10 @@ class Engine::Impl {
       ++enqueued;
     }
     if (enqueued > 0) {
-      copier_->NotifyOnStream(stream, [state, copied, enqueued](const Status& st) {
-        for (size_t k = 0; k < enqueued; ++k) state->TaskDone(copied[k], st);
-      });
+      copier_->NotifyOnStream(
+          stream, [state, copied, enqueued, holds = std::move(holds)](const Status& st) {
+            for (size_t k = 0; k < enqueued; ++k) state->TaskDone(copied[k], st);
+          });
     }
     for (size_t k = enqueued; k < copied.size(); ++k) state->TaskDone(copied[k], failed);
     if (!chunks.empty()) {
@@ -768,7 +824,13 @@ class Engine::Impl {
   EngineOptions options_;
   std::string forced_;
   int generation_fd_ = -1;
-  uint64_t* generation_ = nullptr;  // the page's first word; see MakeGenerationPage
+  uint64_t* generation_ = nullptr;        // the page's first word; see MakeGenerationPage
+  std::atomic<uint64_t> next_serial_{1};  // RegionDesc::serial
+  static constexpr Millis kWatchPeriod{2};
+  std::thread watcher_;  // with a GPU; see Watch
+  std::mutex watch_mu_;
+  std::condition_variable watch_cv_;
+  bool watch_stop_ = false;  // guarded by watch_mu_
   bool has_gpu_ = false;
   uint64_t epoch_ = 0;
   std::string name_;

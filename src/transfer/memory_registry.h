@@ -24,6 +24,7 @@ struct Region {
   int device = -1;
   std::string ipc;          // device memory: the allocation's CUDA IPC handle
   uint64_t ipc_offset = 0;  // addr minus the allocation's base
+  uint64_t serial = 0;      // the engine's registration count when added; see RegionDesc
 };
 
 class MemoryRegistry {

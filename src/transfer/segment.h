@@ -51,6 +51,9 @@ class Segment {
   bool Outdated() const;
   ~Segment();
 
+  // Held by the engine while it refetches the descriptor.
+  std::mutex refresh_mu;
+
   // The engine's endpoint cache, one per transport.
   std::mutex endpoints_mu;
   std::map<const Transport*, std::shared_ptr<Endpoint>> endpoints;  // guarded by endpoints_mu

@@ -10,6 +10,7 @@
 
 #include "ferry/engine.h"
 #include "transfer/batch.h"
+#include "transfer/descriptor.h"
 
 namespace asio {
 class io_context;
@@ -54,11 +55,24 @@ class Endpoint {
   // Fails every task still held, promptly; later posts fail at once.
   virtual void Close() = 0;
   // Stream-ordered path: the remote range as this process's GPU copies can
-  // address it. Optional; NotSupported by default.
-  virtual Result<void*> MapForStream(uint64_t remote, uint64_t length) {
+  // address it, and what keeps that address mapped: hold it until the copies
+  // on the stream are done. Optional; NotSupported by default.
+  struct Mapped {
+    void* addr = nullptr;
+    std::shared_ptr<const void> hold;
+  };
+  virtual Result<Mapped> MapForStream(uint64_t remote, uint64_t length) {
     (void)remote;
     (void)length;
     return Status(StatusCode::kNotSupported, "this transport has no stream-ordered path");
+  }
+  // The owner's registrations changed; `fresh` is its new descriptor, same
+  // epoch. Called before any request sees `fresh`, possibly from several
+  // threads at once. False: this endpoint cannot follow, and the engine
+  // drops it (work in flight keeps it until done).
+  virtual bool Follow(const SegmentDescriptor& fresh) {
+    (void)fresh;
+    return true;
   }
 };
 

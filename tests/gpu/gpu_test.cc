@@ -4,7 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <csignal>
+#include <nlohmann/json.hpp>
 #include <thread>
 #include <vector>
 
@@ -412,6 +415,86 @@ TEST_P(GpuTransfer, GpuMemoryAtATcpTargetFromHostBuffers) {
 
 INSTANTIATE_TEST_SUITE_P(Transports, GpuTransfer, ::testing::Values("local", "cuda_ipc", "tcp"),
                          [](const auto& info) { return info.param; });
+
+// A peer's registrations change after the segment was opened: `ferry serve`
+// swaps its GPU buffer on SIGUSR1 (registers a new one, unregisters the old).
+// With no submit in between, the engine imports the new buffer and closes its
+// import of the old one (off the data path: engine.cc, Watch); then cuda_ipc
+// reaches the new buffer, from a stream too, and refuses the old one. Before,
+// the endpoint kept the imports it was made with: the new buffer was "not
+// GPU-reachable" and the old import stayed open until the segment closed.
+TEST(CudaIpc, FollowsAPeersRegistrationChangesOffTheDataPath) {
+  SKIP_WITHOUT_GPU();
+  constexpr size_t kLen = 1 << 20;
+  auto peer = test::StartPeer(1 << 20, 0, 0, kLen);
+  ASSERT_TRUE(peer.ok()) << peer.status().ToString();
+  auto e = Engine::Create({});
+  ASSERT_TRUE(e.ok());
+  Engine& engine = *e.value();
+  void *src = nullptr, *back = nullptr;
+  ASSERT_EQ(cudaMalloc(&src, kLen), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&back, kLen), cudaSuccess);
+  ASSERT_TRUE(engine.RegisterMemory(src, kLen).ok());
+  ASSERT_TRUE(engine.RegisterMemory(back, kLen).ok());
+  const gpu::IpcImportCounts at_start = gpu::IpcImports();
+  auto seg = engine.OpenSegment(peer.value().segment);
+  ASSERT_TRUE(seg.ok());
+  const gpu::IpcImportCounts opened = gpu::IpcImports();
+  EXPECT_EQ(opened.open, at_start.open + 1) << "the peer's GPU buffer, imported at open";
+  auto move = [&](Op op, void* local, uint64_t remote) -> std::pair<Status, TransportKind> {
+    auto b = engine.Submit(std::vector<Request>{{op, local, seg.value(), remote, kLen}},
+                           SubmitOptions{});
+    if (!b.ok()) return {b.status(), TransportKind::kNone};
+    Status st = b.value()->Wait(std::chrono::seconds(10));
+    return {st, b.value()->Result(0).transport};
+  };
+  const uint64_t old_addr = peer.value().gpu_addr;
+  ASSERT_EQ(cudaMemset(src, 0x11, kLen), cudaSuccess);
+  auto [first, via] = move(Op::kWrite, src, old_addr);
+  ASSERT_TRUE(first.ok()) << first.ToString();
+  EXPECT_EQ(via, TransportKind::kCudaIpc);
+
+  ASSERT_TRUE(peer.value().proc->Signal(SIGUSR1).ok());
+  auto line = peer.value().proc->ReadLine(std::chrono::seconds(20));
+  ASSERT_TRUE(line.ok()) << line.status().ToString();
+  auto j = nlohmann::json::parse(line.value(), nullptr, false);
+  ASSERT_TRUE(!j.is_discarded() && j.contains("gpu")) << line.value();
+  const uint64_t new_addr = j["gpu"]["addr"];
+  ASSERT_NE(new_addr, old_addr);
+
+  gpu::IpcImportCounts now = gpu::IpcImports();
+  for (int i = 0; i < 400 && (now.opened != opened.opened + 1 || now.open != opened.open); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    now = gpu::IpcImports();
+  }
+  EXPECT_EQ(now.opened, opened.opened + 1) << "the new buffer, imported before any submit";
+  EXPECT_EQ(now.open, opened.open) << "the old buffer's import, closed";
+
+  auto [refused, via_refused] = move(Op::kWrite, src, old_addr);
+  EXPECT_EQ(refused.code(), StatusCode::kOutOfRange) << refused.ToString();
+  (void)via_refused;
+  ASSERT_EQ(cudaMemset(src, 0x5a, kLen), cudaSuccess);
+  ASSERT_EQ(cudaMemset(back, 0, kLen), cudaSuccess);
+  auto [wrote, via_w] = move(Op::kWrite, src, new_addr);
+  ASSERT_TRUE(wrote.ok()) << wrote.ToString();
+  EXPECT_EQ(via_w, TransportKind::kCudaIpc);
+  // Read back on a stream: the stream-ordered path maps the new buffer too.
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  auto b = engine.SubmitOnStream(
+      std::vector<Request>{{Op::kRead, back, seg.value(), new_addr, kLen}}, s);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  ASSERT_TRUE(b.value()->Wait(std::chrono::seconds(10)).ok());
+  EXPECT_EQ(b.value()->Result(0).transport, TransportKind::kCudaIpc);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  std::vector<unsigned char> check(kLen);
+  ASSERT_EQ(cudaMemcpy(check.data(), back, kLen, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(std::count(check.begin(), check.end(), 0x5a), static_cast<long>(kLen));
+  ASSERT_TRUE(engine.CloseSegment(seg.value()).ok());
+  cudaStreamDestroy(s);
+  cudaFree(src);
+  cudaFree(back);
+}
 
 #else
 TEST(Gpu, BuiltWithoutCuda) { GTEST_SKIP() << "built without a CUDA toolkit"; }

@@ -276,6 +276,28 @@ TEST(BadInput, MalformedDescriptorReplyIsAProtocolError) {
   EXPECT_EQ(s.status().code(), StatusCode::kProtocolError) << s.status().ToString();
 }
 
+// `ferry serve` swaps its GPU buffer on SIGUSR1 (for registration-change
+// tests). Without one it says so, and keeps serving what it has.
+TEST(ServeControl, SwapWithoutAGpuBufferIsAClearErrorAndChangesNothing) {
+  auto peer = test::StartPeer(1 << 20, 0);
+  ASSERT_TRUE(peer.ok()) << peer.status().ToString();
+  ASSERT_TRUE(peer.value().proc->Signal(SIGUSR1).ok());
+  auto line = peer.value().proc->ReadLine(std::chrono::seconds(10));
+  ASSERT_TRUE(line.ok()) << line.status().ToString();
+  EXPECT_NE(line.value().find("no --gpu-alloc buffer to swap"), std::string::npos) << line.value();
+  auto e = Engine::Create({});
+  ASSERT_TRUE(e.ok());
+  auto seg = e.value()->OpenSegment(peer.value().segment);
+  ASSERT_TRUE(seg.ok());
+  std::vector<char> out(4096, 0x3c), in(4096, 0);
+  ASSERT_TRUE(e.value()
+                  ->Transfer({Op::kWrite, out.data(), seg.value(), peer.value().alloc_addr, 4096})
+                  .ok());
+  ASSERT_TRUE(
+      e.value()->Transfer({Op::kRead, in.data(), seg.value(), peer.value().alloc_addr, 4096}).ok());
+  EXPECT_EQ(in, out);
+}
+
 TEST(PeerFailure, KilledMidTransferFailsWithinTheDeadline) {
   for (const char* transport : {"tcp", "shm"}) {
     // Heap memory, so shm goes through process_vm and sees the death.

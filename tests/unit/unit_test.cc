@@ -117,6 +117,7 @@ SegmentDescriptor Sample() {
   b.device = 1;
   b.ipc = std::string(64, 'h');
   b.ipc_offset = 0x40;
+  b.serial = 0x1122334455667788;
   d.regions = {a, b};
   return d;
 }
@@ -136,6 +137,7 @@ TEST(Descriptor, RoundTripAndLookup) {
   EXPECT_EQ(d.value().regions[1].device, 1);
   EXPECT_EQ(d.value().regions[1].ipc, std::string(64, 'h'));
   EXPECT_EQ(d.value().regions[1].ipc_offset, 0x40u);
+  EXPECT_EQ(d.value().regions[1].serial, 0x1122334455667788u);
   EXPECT_TRUE(d.value().Offers("shm"));
   EXPECT_NE(d.value().Find(0x1000, 0x1000), nullptr);
   EXPECT_EQ(d.value().Find(0x1fff, 2), nullptr);  // crosses the end

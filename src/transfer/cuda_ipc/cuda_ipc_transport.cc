@@ -3,12 +3,18 @@
 // peer's GPU allocations from its CUDA IPC handle and maps each memfd buffer,
 // page-locking it for the GPU; requests then become cudaMemcpyAsync on the
 // engine's private streams, after the submission stream's readiness event.
-// Nothing on the data path opens, registers or synchronizes (R4).
+// When the peer's registrations change, the endpoint follows (Follow): new
+// regions are imported, regions still registered keep their imports, and
+// those of removed regions are released once no copy uses them. The engine's
+// watch thread makes those changes (engine.cc, Watch); nothing on the data
+// path opens, registers or synchronizes (R4).
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <map>
+#include <mutex>
+#include <optional>
 
 #include "common/host.h"
 #include "common/log.h"
@@ -23,127 +29,193 @@
 namespace ferry {
 namespace {
 
+// One peer allocation (by IPC handle) or memfd buffer, mapped here. Shared by
+// the regions that lie in it and by the copies using them; the last holder
+// hands it to the reaper thread to unmap, because cudaIpcCloseMemHandle and
+// cudaHostUnregister may wait on the device, and that holder can be the
+// copier's completion thread or a submitting one.
+struct Import {
+  char* base = nullptr;  // the allocation's base, or the buffer's first byte
+  uint64_t length = 0;   // memfd buffers: the mapping's length
+  void* ipc = nullptr;   // set for a CUDA IPC import
+  int device = -1;
+  bool pinned = false;
+};
+
+std::shared_ptr<Import> Adopt(const std::shared_ptr<ThreadPool>& reaper, const Import& im) {
+  // The reaper's jobs hold no Import reference, so no deleter runs on the
+  // reaper itself, which the last deleter may destroy (and join).
+  return std::shared_ptr<Import>(new Import(im), [reaper](Import* p) {
+    reaper->Post([p] {
+      if (p->ipc != nullptr) {
+        gpu::CloseIpc(p->ipc, p->device);
+      } else {
+        if (p->pinned) gpu::UnpinHost(p->base);
+        munmap(p->base, p->length);
+      }
+      delete p;
+    });
+  });
+}
+
 class CudaIpcEndpoint : public Endpoint, public std::enable_shared_from_this<CudaIpcEndpoint> {
  public:
-  CudaIpcEndpoint(ThreadPool& pool, gpu::Copier& copier, std::string name, uint32_t pid)
-      : pool_(pool), copier_(copier), name_(std::move(name)), pid_(pid) {}
+  CudaIpcEndpoint(ThreadPool& pool, gpu::Copier& copier, std::shared_ptr<ThreadPool> reaper,
+                  std::string name, uint32_t pid)
+      : pool_(pool),
+        copier_(copier),
+        reaper_(std::move(reaper)),
+        name_(std::move(name)),
+        pid_(pid),
+        table_(std::make_shared<const Table>()) {}
 
-  ~CudaIpcEndpoint() override {
-    for (auto& [addr, m] : maps_) {
-      if (m.ipc_base != nullptr) {
-        gpu::CloseIpc(m.ipc_base, m.device);
-      } else {
-        if (m.pinned) gpu::UnpinHost(m.base);
-        munmap(m.base, m.length);
-      }
-    }
-  }
-
-  // Imports what the descriptor offers. Regions that cannot be imported stay
-  // unreachable, and their requests fail with NotSupported.
-  void Import(const SegmentDescriptor& d) {
+  // Maps what the descriptor offers and keeps what it still offers: a region
+  // is kept while its registration serial is unchanged. Regions that cannot
+  // be imported stay unreachable, and their requests fail with OutOfRange.
+  bool Follow(const SegmentDescriptor& d) override {
+    std::lock_guard following(follow_mu_);
+    std::shared_ptr<const Table> old = Snapshot();
+    auto next = std::make_shared<Table>();
     for (const RegionDesc& r : d.regions) {
-      Mapping m;
-      m.length = r.length;
-      if (r.kind == static_cast<uint8_t>(gpu::MemoryKind::kDevice) && !r.ipc.empty()) {
-        m.device = r.device >= 0 && r.device < gpu::DeviceCount() ? r.device : 0;
-        auto base = gpu::OpenIpc(r.ipc, m.device);
-        if (!base.ok()) {
-          FERRY_LOG_WARN("cuda_ipc: {}: {}", name_, base.status().ToString());
-          continue;
-        }
-        m.ipc_base = base.value();
-        m.base = static_cast<char*>(base.value()) + r.ipc_offset;
-      } else if (r.memfd >= 0) {
-        auto p = MapPeerMemfd(pid_, r.memfd, r.length);
-        if (!p.ok()) {
-          FERRY_LOG_WARN("cuda_ipc: {}: {}", name_, p.status().ToString());
-          continue;
-        }
-        m.base = p.value();
-        m.pinned = gpu::PinHost(m.base, r.length);
-      } else {
-        continue;  // pageable heap of another process: no GPU path to it yet
+      auto it = old->find(r.addr);
+      if (it != old->end() && it->second.serial == r.serial) {
+        next->emplace(r.addr, it->second);
+      } else if (auto m = Map(r)) {
+        next->emplace(r.addr, std::move(*m));
       }
-      maps_[r.addr] = m;
     }
+    std::erase_if(by_handle_, [](const auto& e) { return e.second.expired(); });
+    {
+      std::lock_guard lk(mu_);
+      table_ = std::move(next);
+    }
+    return true;  // `old` goes here, or with the last copy that used it
   }
 
   // A copy whose both sides are GPU or page-locked memory cannot block, so it
   // is enqueued from the submitting thread; any other goes to a copy thread.
   void Post(std::vector<Task> tasks) override {
     for (auto& t : tasks) {
-      uint64_t region = 0;
-      const Mapping* m = t.gpu_local ? Lookup(t.remote, t.length, &region) : nullptr;
-      if (m != nullptr && (m->ipc_base != nullptr || m->pinned)) {
-        Run(t);
+      auto m = t.gpu_local ? Lookup(t.remote, t.length) : nullptr;
+      if (m && m->direct) {
+        Run(t, std::move(m));
       } else {
-        pool_.Post([self = shared_from_this(), t = std::move(t)] { self->Run(t); });
+        pool_.Post([self = shared_from_this(), t = std::move(t)] {
+          self->Run(t, self->Lookup(t.remote, t.length));
+        });
       }
     }
   }
 
   void Close() override { closed_.store(true, std::memory_order_release); }
 
-  Result<void*> MapForStream(uint64_t remote, uint64_t length) override {
+  Result<Mapped> MapForStream(uint64_t remote, uint64_t length) override {
     if (closed_.load(std::memory_order_acquire)) {
       return Status(StatusCode::kCancelled, "segment closed");
     }
-    uint64_t region = 0;
-    const Mapping* m = Lookup(remote, length, &region);
-    if (m == nullptr) {
-      return Status(StatusCode::kOutOfRange,
-                    fmt::format("0x{:x}+{} is not GPU-reachable at {}", remote, length, name_));
-    }
-    return static_cast<void*>(m->base + (remote - region));
+    auto m = Lookup(remote, length);
+    if (!m) return Unreachable(remote, length);
+    void* addr = m->base + (remote - m->addr);
+    return Mapped{addr, std::move(m)};
   }
 
  private:
+  // One registered region of the peer, as mapped here.
   struct Mapping {
-    char* base = nullptr;      // the region's first byte, as mapped here
-    void* ipc_base = nullptr;  // the imported allocation, for CloseIpc
+    uint64_t addr = 0;  // the peer's address of the region
     uint64_t length = 0;
-    int device = -1;
-    bool pinned = false;
+    uint64_t serial = 0;
+    std::shared_ptr<Import> import;
+    char* base = nullptr;  // `addr` as mapped here
+    int device = 0;        // the GPU the mapping is on, for copies from host memory
+    bool direct = false;   // GPU or page-locked: a copy never blocks
   };
+  using Table = std::map<uint64_t, Mapping>;  // by the peer's address
 
-  const Mapping* Lookup(uint64_t remote, uint64_t length, uint64_t* region) const {
-    auto it = maps_.upper_bound(remote);
-    if (it == maps_.begin()) return nullptr;
-    --it;
-    if (remote + length > it->first + it->second.length) return nullptr;
-    *region = it->first;
-    return &it->second;
+  std::shared_ptr<const Table> Snapshot() const {
+    std::lock_guard lk(mu_);
+    return table_;
   }
 
-  void Run(const Task& t) {
+  // The region holding the range whole; it stays mapped while the result is held.
+  std::shared_ptr<const Mapping> Lookup(uint64_t remote, uint64_t length) const {
+    std::shared_ptr<const Table> t = Snapshot();
+    auto it = t->upper_bound(remote);
+    if (it == t->begin()) return nullptr;
+    --it;
+    const Mapping& m = it->second;
+    if (remote - m.addr > m.length || length > m.length - (remote - m.addr)) return nullptr;
+    return std::shared_ptr<const Mapping>(std::move(t), &m);
+  }
+
+  Status Unreachable(uint64_t remote, uint64_t length) const {
+    return Status(StatusCode::kOutOfRange,
+                  fmt::format("0x{:x}+{} is not GPU-reachable at {}", remote, length, name_));
+  }
+
+  // Imports one region; nullopt, logged, when it cannot be. Under follow_mu_.
+  std::optional<Mapping> Map(const RegionDesc& r) {
+    Mapping m;
+    m.addr = r.addr;
+    m.length = r.length;
+    m.serial = r.serial;
+    m.direct = true;
+    if (r.kind == static_cast<uint8_t>(gpu::MemoryKind::kDevice) && !r.ipc.empty()) {
+      m.device = r.device >= 0 && r.device < gpu::DeviceCount() ? r.device : 0;
+      std::weak_ptr<Import>& shared = by_handle_[r.ipc];
+      m.import = shared.lock();
+      if (!m.import) {
+        auto base = gpu::OpenIpc(r.ipc, m.device);
+        if (!base.ok()) {
+          FERRY_LOG_WARN("cuda_ipc: {}: {}", name_, base.status().ToString());
+          return std::nullopt;
+        }
+        m.import = Adopt(reaper_, {static_cast<char*>(base.value()), 0, base.value(), m.device});
+        shared = m.import;
+      }
+      m.base = m.import->base + r.ipc_offset;
+    } else if (r.memfd >= 0) {
+      auto p = MapPeerMemfd(pid_, r.memfd, r.length);
+      if (!p.ok()) {
+        FERRY_LOG_WARN("cuda_ipc: {}: {}", name_, p.status().ToString());
+        return std::nullopt;
+      }
+      const bool pinned = gpu::PinHost(p.value(), r.length);
+      m.import = Adopt(reaper_, {p.value(), r.length, nullptr, -1, pinned});
+      m.base = p.value();
+      m.direct = pinned;
+    } else {
+      return std::nullopt;  // pageable heap of another process: no GPU path to it yet
+    }
+    return m;
+  }
+
+  // `m` is what Post found, null when nothing; the copy holds it until done.
+  void Run(const Task& t, std::shared_ptr<const Mapping> m) {
     Status st = CheckRunnable(t, closed_.load(std::memory_order_acquire));
     if (st.ok() && kill(static_cast<pid_t>(pid_), 0) != 0 && errno == ESRCH) {
       st = Status(StatusCode::kConnectionLost, name_ + " has exited");
     }
-    const Mapping* m = nullptr;
-    uint64_t region = 0;
-    if (st.ok()) {
-      m = Lookup(t.remote, t.length, &region);
-      if (m == nullptr) {
-        st = Status(StatusCode::kOutOfRange,
-                    fmt::format("0x{:x}+{} is not GPU-reachable at {}", t.remote, t.length, name_));
-      }
-    }
+    if (st.ok() && !m) st = Unreachable(t.remote, t.length);
     if (!st.ok()) return t.Done(st);
-    char* remote = m->base + (t.remote - region);
+    char* remote = m->base + (t.remote - m->addr);
     void* dst = t.op == Op::kWrite ? remote : t.local;
     const void* src = t.op == Op::kWrite ? static_cast<const void*>(t.local) : remote;
-    copier_.CopyAsync(dst, src, t.length, t.gpu_device >= 0 ? t.gpu_device : m->device, t.ready,
-                      [t](const Status& s) { t.Done(s); });
+    const int device = t.gpu_device >= 0 ? t.gpu_device : m->device;
+    copier_.CopyAsync(dst, src, t.length, device, t.ready,
+                      [t, m = std::move(m)](const Status& s) { t.Done(s); });
   }
 
   ThreadPool& pool_;
   gpu::Copier& copier_;
+  const std::shared_ptr<ThreadPool> reaper_;
   const std::string name_;
   const uint32_t pid_;
   std::atomic<bool> closed_{false};
-  std::map<uint64_t, Mapping> maps_;  // by remote address; written before the first Post
+  std::mutex follow_mu_;
+  std::map<std::string, std::weak_ptr<Import>> by_handle_;  // guarded by follow_mu_
+  mutable std::mutex mu_;
+  std::shared_ptr<const Table> table_;  // guarded by mu_; replaced whole by Follow
 };
 
 class CudaIpcTransport : public Transport {
@@ -167,15 +239,18 @@ class CudaIpcTransport : public Transport {
 
   Result<std::shared_ptr<Endpoint>> Connect(const std::shared_ptr<Segment>& segment) override {
     auto d = segment->descriptor();
-    auto ep =
-        std::make_shared<CudaIpcEndpoint>(ctx_.copy_pool, *ctx_.copier, segment->name(), d->pid);
-    ep->Import(*d);
+    auto ep = std::make_shared<CudaIpcEndpoint>(ctx_.copy_pool, *ctx_.copier, reaper_,
+                                                segment->name(), d->pid);
+    ep->Follow(*d);
     return std::shared_ptr<Endpoint>(std::move(ep));
   }
 
  private:
   EngineContext& ctx_;
   TransportCaps caps_;
+  // Shared with the imports, which may outlive the transport (see Adopt).
+  const std::shared_ptr<ThreadPool> reaper_ =
+      ctx_.copier != nullptr ? std::make_shared<ThreadPool>(1) : nullptr;
 };
 
 }  // namespace

@@ -25,12 +25,12 @@ class LocalEndpoint : public Endpoint, public std::enable_shared_from_this<Local
 
   void Close() override { closed_.store(true, std::memory_order_release); }
 
-  Result<void*> MapForStream(uint64_t remote, uint64_t length) override {
+  Result<Mapped> MapForStream(uint64_t remote, uint64_t length) override {
     if (!registry_.Find(remote, length)) {
       return Status(StatusCode::kOutOfRange,
                     fmt::format("0x{:x}+{} is not registered locally", remote, length));
     }
-    return reinterpret_cast<void*>(remote);
+    return Mapped{reinterpret_cast<void*>(remote), nullptr};
   }
 
  private:

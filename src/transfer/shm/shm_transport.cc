@@ -47,6 +47,10 @@ class ShmEndpoint : public Endpoint, public std::enable_shared_from_this<ShmEndp
 
   void Close() override { closed_.store(true, std::memory_order_release); }
 
+  // Buffers are mapped on first use from the descriptor the endpoint was made
+  // with; a fresh endpoint maps from the fresh one.
+  bool Follow(const SegmentDescriptor&) override { return false; }
+
  private:
   struct Mapping {
     char* base = nullptr;
