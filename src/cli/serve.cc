@@ -73,7 +73,10 @@ int Serve(const ServeArgs& args) {
                           {"length", args.gpu_bytes},
                           {"device", args.gpu_device}};
       } else {
-        if (g.ok()) gpu::FreeDevice(g.value());
+        if (g.ok()) {
+          (void)e.UnregisterMemory(g.value());  // NotFound if it never got that far
+          gpu::FreeDevice(g.value());
+        }
         swapped["error"] = st.ToString();
       }
     }

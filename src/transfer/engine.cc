@@ -13,6 +13,7 @@
 #include <set>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 
 #include "common/env.h"
 #include "common/host.h"
@@ -355,7 +356,7 @@ class Engine::Impl {
     auto old = seg.descriptor();
     const bool restarted = old && old->epoch != fresh->epoch;
     if (old && !restarted && fresh->generation < old->generation) return Status::Ok();
-    const bool changed = old && !restarted && fresh->generation != old->generation;
+    const bool changed = old && !restarted && !SameRegions(*old, *fresh);
     if (changed) Follow(seg, *fresh);
     seg.WatchGeneration(*fresh, HostIdentity());
     seg.set_descriptor(fresh);
@@ -376,6 +377,43 @@ class Engine::Impl {
     return Status::Ok();
   }
 
+  // By registration, not generation: the owner reads its generation before
+  // its regions, so two descriptors of one generation can differ.
+  static bool SameRegions(const SegmentDescriptor& a, const SegmentDescriptor& b) {
+    return std::equal(a.regions.begin(), a.regions.end(), b.regions.begin(), b.regions.end(),
+                      [](const RegionDesc& x, const RegionDesc& y) {
+                        return x.addr == y.addr && x.serial == y.serial;
+                      });
+  }
+
+  // The data path's refresh, before a submit. A same-host peer the watch
+  // follows changes registrations through the watch alone, since following
+  // may import and page-lock (R4): the submit wakes it and waits, up to
+  // connect_timeout. A peer that restarted, or that the watch could not
+  // refetch, is refetched here.
+  Status RefreshIfChanged(Segment& seg) {
+    if (seg.TakeStale()) return Refresh(seg);
+    if (!seg.Outdated()) return Status::Ok();
+    if (!Followed(seg)) return Refresh(seg);
+    const Deadline deadline = Deadline::After(options_.connect_timeout);
+    while (seg.Outdated()) {
+      {
+        std::lock_guard lk(watch_mu_);
+        watch_now_ = true;
+      }
+      watch_cv_.notify_all();
+      if (seg.TakeStale()) return Refresh(seg);  // the watch's refetch failed
+      if (deadline.Expired()) {
+        return Status(StatusCode::kTimeout,
+                      "registration change at " + seg.name() + " not followed in time");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    return Status::Ok();
+  }
+
+  bool Followed(const Segment& seg) const { return watcher_.joinable() && seg.Watched(); }
+
   // Endpoints that cannot follow a registration change are dropped; work in
   // flight keeps them, and their mappings, until done.
   static void Follow(Segment& seg, const SegmentDescriptor& fresh) {
@@ -394,11 +432,16 @@ class Engine::Impl {
 
   // Follows same-host peers' registration changes off the data path, so the
   // imports and page-locked mappings a change needs (R4) are made here within
-  // about kWatchPeriod, not by the next submit; one that outruns the watch
-  // does the refresh itself.
+  // about kWatchPeriod, or at once when a submit waits for it.
+  // A peer that cannot be refetched (it died after a change) is tried again
+  // after kWatchBackoff, not every period, unless a submit waits.
   void Watch() {
+    std::unordered_map<SegmentId, Clock::time_point> retry_at;
     std::unique_lock lk(watch_mu_);
-    while (!watch_cv_.wait_for(lk, kWatchPeriod, [this] { return watch_stop_; })) {
+    for (;;) {
+      watch_cv_.wait_for(lk, kWatchPeriod, [this] { return watch_stop_ || watch_now_; });
+      if (watch_stop_) return;
+      const bool waited_for = std::exchange(watch_now_, false);
       lk.unlock();
       std::vector<std::shared_ptr<Segment>> segs;
       {
@@ -407,8 +450,19 @@ class Engine::Impl {
           if (!seg->is_self()) segs.push_back(seg);
         }
       }
+      std::erase_if(retry_at, [&](const auto& e) {
+        return std::none_of(segs.begin(), segs.end(),
+                            [&](const auto& seg) { return seg->id() == e.first; });
+      });
       for (auto& seg : segs) {
-        if (seg->Outdated()) (void)Refresh(*seg);  // a failure marks it stale
+        if (!seg->Outdated()) continue;
+        auto it = retry_at.find(seg->id());
+        if (it != retry_at.end() && Clock::now() < it->second && !waited_for) continue;
+        if (Refresh(*seg).ok()) {  // a failure also marks it stale, for the next submit
+          retry_at.erase(seg->id());
+        } else {
+          retry_at[seg->id()] = Clock::now() + kWatchBackoff;
+        }
       }
       lk.lock();
     }
@@ -529,7 +583,7 @@ class Engine::Impl {
     FERRY_RETURN_IF_ERROR(Validate(reqs, &segs));
     FERRY_RETURN_IF_ERROR(copier_->CheckStream(stream));
     for (auto& [id, seg] : segs) {
-      if (seg->TakeStale() || seg->Outdated()) FERRY_RETURN_IF_ERROR(Refresh(*seg));
+      FERRY_RETURN_IF_ERROR(RefreshIfChanged(*seg));
     }
     struct Copy {
       void* dst;
@@ -639,10 +693,8 @@ class Engine::Impl {
     // Route every request first, then plan every task, then post: a task that
     // completes early must never see its request's count unset.
     for (auto& [id, seg] : segs) {
-      if (seg->TakeStale() || seg->Outdated()) {
-        Status st = Refresh(*seg);
-        if (!st.ok()) stale_errors[id] = st;
-      }
+      Status st = RefreshIfChanged(*seg);
+      if (!st.ok()) stale_errors[id] = st;
     }
     struct Path {
       Status status;
@@ -758,7 +810,8 @@ class Engine::Impl {
       return g->device >= 0 && g->device < gpu::DeviceCount() ? g->device : 0;
     };
     if (auto where = find()) return *where;
-    if (!seg.is_self() && refreshed->insert(seg.id()).second) {
+    // A peer the watch follows has no registration the page has not shown.
+    if (!seg.is_self() && !Followed(seg) && refreshed->insert(seg.id()).second) {
       FERRY_RETURN_IF_ERROR(Refresh(seg));
       if (auto where = find()) return *where;
     }
@@ -827,10 +880,12 @@ class Engine::Impl {
   uint64_t* generation_ = nullptr;        // the page's first word; see MakeGenerationPage
   std::atomic<uint64_t> next_serial_{1};  // RegionDesc::serial
   static constexpr Millis kWatchPeriod{2};
+  static constexpr Millis kWatchBackoff{1000};
   std::thread watcher_;  // with a GPU; see Watch
   std::mutex watch_mu_;
   std::condition_variable watch_cv_;
   bool watch_stop_ = false;  // guarded by watch_mu_
+  bool watch_now_ = false;   // guarded by watch_mu_: a submit waits for the watch
   bool has_gpu_ = false;
   uint64_t epoch_ = 0;
   std::string name_;

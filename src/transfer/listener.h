@@ -45,7 +45,8 @@ class Listener {
     size_t staging_buffers = 16;
     size_t staging_bytes = 512 << 10;
     // Where received staging is landed in GPU memory (LandStaged); null:
-    // on the socket's thread. Must outlive the listener.
+    // on the socket's thread. Must outlive the threads running the
+    // listener's io_context.
     ThreadPool* landing = nullptr;
   };
   using DescriptorFn = std::function<std::vector<uint8_t>()>;

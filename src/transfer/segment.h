@@ -49,6 +49,11 @@ class Segment {
   // missing at the next refresh.
   void WatchGeneration(const SegmentDescriptor& d, const std::string& local_host_id);
   bool Outdated() const;
+  // Whether the owner's generation page is mapped, so Outdated() can tell.
+  bool Watched() const {
+    std::lock_guard lk(mu_);
+    return generation_ != nullptr;
+  }
   ~Segment();
 
   // Held by the engine while it refetches the descriptor.

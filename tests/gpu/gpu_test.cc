@@ -490,6 +490,19 @@ TEST(CudaIpc, FollowsAPeersRegistrationChangesOffTheDataPath) {
   std::vector<unsigned char> check(kLen);
   ASSERT_EQ(cudaMemcpy(check.data(), back, kLen, cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(std::count(check.begin(), check.end(), 0x5a), static_cast<long>(kLen));
+
+  // Swapped again, and written at once: the submit waits for the watch to
+  // follow (engine.cc, RefreshIfChanged) rather than failing or importing.
+  ASSERT_TRUE(peer.value().proc->Signal(SIGUSR1).ok());
+  line = peer.value().proc->ReadLine(std::chrono::seconds(20));
+  ASSERT_TRUE(line.ok()) << line.status().ToString();
+  j = nlohmann::json::parse(line.value(), nullptr, false);
+  ASSERT_TRUE(!j.is_discarded() && j.contains("gpu")) << line.value();
+  const uint64_t third_addr = j["gpu"]["addr"];
+  auto [at_once, via_at_once] = move(Op::kWrite, src, third_addr);
+  EXPECT_TRUE(at_once.ok()) << at_once.ToString();
+  EXPECT_EQ(via_at_once, TransportKind::kCudaIpc);
+  EXPECT_EQ(gpu::IpcImports().opened, opened.opened + 2);
   ASSERT_TRUE(engine.CloseSegment(seg.value()).ok());
   cudaStreamDestroy(s);
   cudaFree(src);

@@ -164,6 +164,9 @@ class CudaIpcEndpoint : public Endpoint, public std::enable_shared_from_this<Cud
       m.device = r.device >= 0 && r.device < gpu::DeviceCount() ? r.device : 0;
       std::weak_ptr<Import>& shared = by_handle_[r.ipc];
       m.import = shared.lock();
+      // Opening a handle whose close is still queued on the reaper is safe:
+      // CUDA counts the opens of a handle in a context, and the pending close
+      // takes back only its own.
       if (!m.import) {
         auto base = gpu::OpenIpc(r.ipc, m.device);
         if (!base.ok()) {
