@@ -202,7 +202,8 @@ class Engine::Impl {
     for (int i = 0; i < io_threads; ++i) {
       io_threads_.emplace_back([this] { io_.run(); });
     }
-    if (has_gpu_) watcher_ = std::thread([this] { Watch(); });
+    // With or without a GPU, so hosts without one run the same refresh path.
+    watcher_ = std::thread([this] { Watch(); });
     return Status::Ok();
   }
 
@@ -396,7 +397,10 @@ class Engine::Impl {
     if (!seg.Outdated()) return Status::Ok();
     if (!Followed(seg)) return Refresh(seg);
     const Deadline deadline = Deadline::After(options_.connect_timeout);
-    while (seg.Outdated()) {
+    // A round that starts after this one has seen the change: a peer that
+    // keeps registering cannot hold the submit past it.
+    const uint64_t round = watch_rounds_.load(std::memory_order_acquire);
+    while (seg.Outdated() && watch_rounds_.load(std::memory_order_acquire) < round + 2) {
       {
         std::lock_guard lk(watch_mu_);
         watch_now_ = true;
@@ -464,6 +468,7 @@ class Engine::Impl {
           retry_at[seg->id()] = Clock::now() + kWatchBackoff;
         }
       }
+      watch_rounds_.fetch_add(1, std::memory_order_release);
       lk.lock();
     }
   }
@@ -881,11 +886,12 @@ class Engine::Impl {
   std::atomic<uint64_t> next_serial_{1};  // RegionDesc::serial
   static constexpr Millis kWatchPeriod{2};
   static constexpr Millis kWatchBackoff{1000};
-  std::thread watcher_;  // with a GPU; see Watch
+  std::thread watcher_;  // see Watch
   std::mutex watch_mu_;
   std::condition_variable watch_cv_;
-  bool watch_stop_ = false;  // guarded by watch_mu_
-  bool watch_now_ = false;   // guarded by watch_mu_: a submit waits for the watch
+  bool watch_stop_ = false;                // guarded by watch_mu_
+  bool watch_now_ = false;                 // guarded by watch_mu_: a submit waits for the watch
+  std::atomic<uint64_t> watch_rounds_{0};  // rounds the watch has completed
   bool has_gpu_ = false;
   uint64_t epoch_ = 0;
   std::string name_;

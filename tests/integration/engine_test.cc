@@ -7,6 +7,8 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -246,6 +248,70 @@ TEST(Registrations, UnregisteredMemoryIsRefusedAndNewMemoryIsReached) {
               transport == "tcp" ? TransportKind::kTcp : TransportKind::kShm);
     EXPECT_EQ(new_buf[4095], 0x44);
   }
+}
+
+// The engine's watch follows a same-host peer's registrations with no submit:
+// the cached descriptor, which GetSegmentInfo shows without refetching, gains
+// a buffer registered after the segment was opened and loses one removed.
+TEST(Registrations, TheWatchFollowsSameHostPeersWithoutASubmit) {
+  auto target = Engine::Create({}).value();
+  auto engine = Engine::Create({}).value();
+  std::vector<char> a(1 << 16), b(1 << 16);
+  ASSERT_TRUE(target->RegisterMemory(a.data(), a.size()).ok());
+  auto seg = engine->OpenSegment(target->name());
+  ASSERT_TRUE(seg.ok());
+  auto shows = [&](const std::vector<char>& buf) {
+    auto info = engine->GetSegmentInfo(seg.value());
+    if (!info.ok()) return false;
+    return std::any_of(
+        info.value().buffers.begin(), info.value().buffers.end(),
+        [&](const BufferInfo& i) { return i.addr == reinterpret_cast<uint64_t>(buf.data()); });
+  };
+  auto within = [](auto&& cond) {
+    for (int i = 0; i < 400 && !cond(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return cond();
+  };
+  EXPECT_FALSE(shows(b));
+  ASSERT_TRUE(target->RegisterMemory(b.data(), b.size()).ok());
+  EXPECT_TRUE(within([&] { return shows(b); }));
+  ASSERT_TRUE(target->UnregisterMemory(a.data()).ok());
+  EXPECT_TRUE(within([&] { return !shows(a); }));
+}
+
+// A peer that registers and unregisters without pause keeps its segment
+// outdated most of the time. Submits to its stable buffer still succeed,
+// promptly: they wait for a round of the watch, not for a quiet moment
+// (engine.cc, RefreshIfChanged). On two cores the churn has pauses, so this
+// does not reliably fail without that bound; it guards against churn making
+// requests fail or lose data.
+TEST(Registrations, SubmitsToAPeerThatKeepsRegisteringSucceed) {
+  auto target = Engine::Create({}).value();
+  auto engine = Engine::Create({}).value();
+  std::vector<char> stable(1 << 16, 0), churn(4096), data(4096, 0x5c);
+  ASSERT_TRUE(target->RegisterMemory(stable.data(), stable.size()).ok());
+  auto seg = engine->OpenSegment(target->name());
+  ASSERT_TRUE(seg.ok());
+  std::atomic<bool> stop{false};
+  std::thread churner([&] {
+    while (!stop.load()) {
+      (void)target->RegisterMemory(churn.data(), churn.size());
+      (void)target->UnregisterMemory(churn.data());
+    }
+  });
+  const uint64_t addr = reinterpret_cast<uint64_t>(stable.data());
+  int ok = 0;
+  for (int i = 0; i < 20; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    Status st = engine->Transfer({Op::kWrite, data.data(), seg.value(), addr, 4096}, seconds(10));
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, seconds(2));
+    ok += st.ok() ? 1 : 0;
+  }
+  stop = true;
+  churner.join();
+  EXPECT_EQ(ok, 20);
+  EXPECT_EQ(stable[4095], 0x5c);
 }
 
 // ---- transport selection ----
