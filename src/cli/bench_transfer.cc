@@ -19,6 +19,7 @@
 #include "cli/bench_util.h"
 #include "cli/cli.h"
 #include "common/clock.h"
+#include "common/env.h"
 #include "common/subprocess.h"
 #include "ferry/engine.h"
 #include "gpu/gpu.h"
@@ -28,34 +29,40 @@ namespace {
 
 constexpr uint64_t kRefSink = 1, kRefSource = 2;
 
-// The target's side of the raw reference: one stream at a time. A command is
-// {mode u64, total u64, block u64}; a sink answers one byte after `total`.
+// The target's side of the raw reference: each stream on a thread of its own.
+// A command is {mode u64, total u64, block u64}; a sink answers one byte
+// after `total`.
+void ServeReferenceStream(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  uint64_t cmd[3];
+  if (ReadAll(fd, cmd, sizeof(cmd)) && cmd[2] > 0 && cmd[2] <= (1ull << 30)) {
+    std::vector<char> buf(cmd[2], 1);
+    uint64_t left = cmd[1];
+    bool ok = true;
+    while (ok && left > 0) {
+      size_t n = std::min<uint64_t>(left, buf.size());
+      ok = cmd[0] == kRefSink ? ReadAll(fd, buf.data(), n) : WriteAll(fd, buf.data(), n);
+      left -= n;
+    }
+    char done = 1;
+    if (ok && cmd[0] == kRefSink) WriteAll(fd, &done, 1);
+  }
+  close(fd);
+}
+
 void ServeReference(int lfd) {
   for (;;) {
     int fd = accept(lfd, nullptr, nullptr);
     if (fd < 0) return;
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    uint64_t cmd[3];
-    if (ReadAll(fd, cmd, sizeof(cmd)) && cmd[2] > 0 && cmd[2] <= (1ull << 30)) {
-      std::vector<char> buf(cmd[2], 1);
-      uint64_t left = cmd[1];
-      bool ok = true;
-      while (ok && left > 0) {
-        size_t n = std::min<uint64_t>(left, buf.size());
-        ok = cmd[0] == kRefSink ? ReadAll(fd, buf.data(), n) : WriteAll(fd, buf.data(), n);
-        left -= n;
-      }
-      char done = 1;
-      if (ok && cmd[0] == kRefSink) WriteAll(fd, &done, 1);
-    }
-    close(fd);
+    std::thread(ServeReferenceStream, fd).detach();
   }
 }
 
-// Streams `total` bytes in `block`-sized sends (write) or receives (read).
-double ReferenceTcp(const std::string& host, uint16_t port, bool write, uint64_t total,
-                    uint64_t block) {
+// One raw stream of `total` bytes in `block`-sized sends (write) or receives
+// (read). False on any socket error.
+bool ReferenceStream(const std::string& host, uint16_t port, bool write, uint64_t total,
+                     uint64_t block) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -63,14 +70,13 @@ double ReferenceTcp(const std::string& host, uint16_t port, bool write, uint64_t
   inet_pton(AF_INET, host.c_str(), &a.sin_addr);
   if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
     close(fd);
-    return 0;
+    return false;
   }
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   block = std::min<uint64_t>(block, 1ull << 30);
   uint64_t cmd[3] = {write ? kRefSink : kRefSource, total, block};
   std::vector<char> buf(block, 2);
-  auto t0 = Clock::now();
   bool ok = WriteAll(fd, cmd, sizeof(cmd));
   uint64_t left = total;
   while (ok && left > 0) {
@@ -80,9 +86,28 @@ double ReferenceTcp(const std::string& host, uint16_t port, bool write, uint64_t
   }
   char done;
   if (ok && write) ok = ReadAll(fd, &done, 1);
-  double secs = SecondsSince(t0);
   close(fd);
-  return ok ? static_cast<double>(total) / secs / 1e9 : 0;
+  return ok;
+}
+
+// The physical reference of tcp: `total` bytes over `streams` raw loopback
+// TCP streams at once, as many as the engine's lanes, so both sides get the
+// same parallelism. GB/s, 0 on failure.
+double ReferenceTcp(const std::string& host, uint16_t port, bool write, uint64_t total,
+                    uint64_t block, int streams) {
+  const uint64_t share = total / static_cast<uint64_t>(streams);
+  std::atomic<int> failed{0};
+  std::vector<std::thread> threads;
+  auto t0 = Clock::now();
+  for (int i = 0; i < streams; ++i) {
+    const uint64_t n = i + 1 < streams ? share : total - share * static_cast<uint64_t>(i);
+    threads.emplace_back([&, n] {
+      if (!ReferenceStream(host, port, write, n, block)) failed.fetch_add(1);
+    });
+  }
+  for (auto& t : threads) t.join();
+  double secs = SecondsSince(t0);
+  return failed.load() == 0 ? static_cast<double>(total) / secs / 1e9 : 0;
 }
 
 double ReferenceMemcpy(uint64_t block, double seconds) {
@@ -127,7 +152,7 @@ int RunTarget(const BenchArgs& a, uint64_t bytes) {
   addr.sin_family = AF_INET;
   inet_pton(AF_INET, a.host.c_str(), &addr.sin_addr);
   socklen_t len = sizeof(addr);
-  if (bind(lfd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || listen(lfd, 4) != 0 ||
+  if (bind(lfd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || listen(lfd, 64) != 0 ||
       getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
     std::perror("bench target: reference socket");
     return 1;
@@ -235,12 +260,15 @@ int RunInitiator(const BenchArgs& a) {
 
   std::string ref_name;
   double ref = 0;
+  int ref_streams = 0;
   // Over tcp, GPU memory included, the bound is the socket; otherwise the copy.
   if (served == "tcp") {
-    ref_name = "tcp_stream";
+    ref_streams =
+        std::max(1, static_cast<int>(env::GetInt("FERRY_TCP_LANES", EngineOptions{}.tcp_lanes)));
+    ref_name = "tcp_streams";
     uint64_t peer_host_end = a.peer.rfind(':');
     ref = ReferenceTcp(a.peer.substr(0, peer_host_end), a.ref_port, op == Op::kWrite, total,
-                       a.block_size);
+                       a.block_size, ref_streams);
   } else if (a.gpu_src >= 0 || a.gpu_dst >= 0) {
     ref_name = "cudaMemcpyAsync";
     auto r = gpu::CopyBandwidth(a.gpu_src, a.gpu_dst, a.block_size, std::min(a.duration, 2.0));
@@ -256,7 +284,14 @@ int RunInitiator(const BenchArgs& a) {
   std::printf("%-9s %-6s %12llu %7d %7d %9.3f %12.0f %10.1f %10.1f %14.3f %8.3f\n", served.c_str(),
               a.op.c_str(), static_cast<unsigned long long>(a.block_size), a.batch_size, a.threads,
               gbps, ops, p50, p99, ref, ratio);
-  std::printf("(latency is per batch; reference is %s)\n", ref_name.c_str());
+  if (ref_streams > 0) {
+    std::printf(
+        "(latency is per batch; reference is %d raw TCP stream%s at once, one per "
+        "engine lane)\n",
+        ref_streams, ref_streams == 1 ? "" : "s");
+  } else {
+    std::printf("(latency is per batch; reference is %s)\n", ref_name.c_str());
+  }
   if (a.json) {
     nlohmann::json j = {{"transport", served},
                         {"op", a.op},
@@ -272,6 +307,7 @@ int RunInitiator(const BenchArgs& a) {
                         {"p50_us", p50},
                         {"p99_us", p99},
                         {"reference", ref_name},
+                        {"reference_streams", ref_streams},
                         {"reference_gbps", ref},
                         {"ratio", ratio}};
     std::printf("%s\n", j.dump().c_str());

@@ -10,9 +10,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 
+#include "common/subprocess.h"
 #include "integration/peer.h"
 
 namespace ferry {
@@ -312,6 +314,33 @@ TEST(Registrations, SubmitsToAPeerThatKeepsRegisteringSucceed) {
   churner.join();
   EXPECT_EQ(ok, 20);
   EXPECT_EQ(stable[4095], 0x5c);
+}
+
+// ---- the bench command ----
+
+// `ferry bench transfer` end to end: a target and an initiator process, the
+// engine's figure, and the raw reference with one TCP stream per engine lane.
+TEST(BenchCommand, ReportsTheEngineAgainstRawStreamsOfTheSameParallelism) {
+  auto p = Subprocess::Spawn(
+      {test::FerryBin(), "bench", "transfer", "--transport", "tcp", "--op", "read", "--block-size",
+       "65536", "--batch-size", "4", "--duration", "0.3", "--json"},
+      true);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  nlohmann::json j;
+  for (int i = 0; i < 10 && j.is_null(); ++i) {
+    auto line = p.value()->ReadLine(seconds(60));
+    ASSERT_TRUE(line.ok()) << line.status().ToString();
+    if (!line.value().empty() && line.value()[0] == '{') j = nlohmann::json::parse(line.value());
+  }
+  ASSERT_FALSE(j.is_null());
+  EXPECT_EQ(j["transport"], "tcp");
+  EXPECT_GT(j["gbps"].get<double>(), 0);
+  EXPECT_EQ(j["reference"], "tcp_streams");
+  EXPECT_EQ(j["reference_streams"].get<int>(), EngineOptions{}.tcp_lanes);
+  EXPECT_GT(j["reference_gbps"].get<double>(), 0) << "the raw streams failed";
+  auto rc = p.value()->Wait(seconds(30));
+  ASSERT_TRUE(rc.ok());
+  EXPECT_EQ(rc.value(), 0);
 }
 
 // ---- transport selection ----
