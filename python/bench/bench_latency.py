@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -61,7 +60,7 @@ def main() -> int:
 
     peer = subprocess.Popen([sys.executable, __file__, "--target", "--transport", args.transport,
                              "--block", str(args.block)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+                            stdout=subprocess.PIPE, text=True)
     try:
         hello = json.loads(peer.stdout.readline())
         engine = ferry.TransferEngine(transport=args.transport)
@@ -72,19 +71,19 @@ def main() -> int:
 
         for _ in range(200):  # warm up both paths: connections, caches
             engine.write(seg, src, remote)
-        _ferry._bench_sync_write_latency(engine._engine, local, seg.id, remote, args.block, 200)
+        raw = seg.id, remote, args.block
+        _ferry._bench_sync_write_latency(engine._engine, local, *raw, 200)
 
         # The Python layer's own time per call: write() minus the raw binding call.
-        def p50_of(fn, n=2000):
+        def p50_ns(fn, n=2000):
             ts = []
             for _ in range(n):
                 t0 = time.perf_counter_ns()
                 fn()
                 ts.append(time.perf_counter_ns() - t0)
-            return sorted(ts)[n // 2]
+            return round(percentile(ts, 0.5) * 1000)
 
-        raw = seg.id, remote, args.block
-        pause_ns = max(0, p50_of(lambda: engine._prepare([ferry.Write(src, seg, remote)], None)))
+        pause_ns = max(0, p50_ns(lambda: engine._prepare([ferry.Write(src, seg, remote)], None)))
 
         py_ns: list[int] = []
         cpp_ns: list[int] = []
@@ -96,8 +95,8 @@ def main() -> int:
                 t0 = time.perf_counter_ns()
                 engine.write(seg, src, remote)
                 round_py.append(time.perf_counter_ns() - t0)
-            round_cpp = _ferry._bench_sync_write_latency(engine._engine, local, seg.id, remote,
-                                                         args.block, args.iterations)
+            round_cpp = _ferry._bench_sync_write_latency(engine._engine, local, *raw,
+                                                         args.iterations)
             paused_ns += _ferry._bench_sync_write_latency(engine._engine, local, *raw,
                                                           args.iterations, pause_ns)
             py_ns += round_py

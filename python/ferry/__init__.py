@@ -11,6 +11,7 @@ Mooncake users: `from ferry.compat.mooncake import TransferEngine`.
 """
 
 from . import _ferry  # noqa: F401  (the extension; fails early if it is missing)
+from . import errors
 from .buffers import Buffer, resolve
 from .engine import (READ, WRITE, BatchStatus, BufferInfo, Read, Request, RequestResult,
                      Segment, SegmentInfo, Transfer, TransferEngine, Write)
@@ -22,7 +23,4 @@ from .errors import (AlreadyExists, Busy, Cancelled, ConnectionLost, FerryError,
 __all__ = [
     "READ", "WRITE", "BatchStatus", "Buffer", "BufferInfo", "Read", "Request", "RequestResult",
     "Segment", "SegmentInfo", "Transfer", "TransferEngine", "Write", "resolve",
-    "FerryError", "error_class", "InvalidArgument", "NotFound", "AlreadyExists", "OutOfRange",
-    "Timeout", "Cancelled", "ConnectionLost", "ProtocolError", "NotSupported",
-    "ResourceExhausted", "Unavailable", "PeerRestarted", "IoError", "Internal", "Busy",
-]
+] + errors.__all__

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import selectors
 import subprocess
 import sys
@@ -26,7 +25,7 @@ class Peer:
     def __init__(self, *args: str) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, str(HERE / "peer.py"), *args], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+            stdout=subprocess.PIPE, text=True)
         hello = json.loads(self._line())
         self.name: str = hello["name"]
         self.buffers: dict[str, int] = hello["buffers"]

@@ -4,6 +4,7 @@ that uses the same module."""
 from __future__ import annotations
 
 import ctypes
+import glob
 import time
 
 import numpy as np
@@ -118,21 +119,38 @@ def test_transfers_between_processes(spawn_peer, protocol):
     assert te.get_first_buffer_address(target) == min(peer.buffers.values())
 
 
-def test_on_cuda_forms_with_host_memory(spawn_peer):
-    """Stream-ordered transfers of host memory: with a GPU they are ordered on the
-    stream by a signal and a wait (no host function); without one they are refused
-    up front with NotSupported."""
+def _on_cuda_engine(spawn_peer):
     peer = spawn_peer("--api", "mooncake", "--transport", "tcp")
     te = TransferEngine()
     assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    return peer, te
+
+
+@pytest.mark.skipif(gpu_skip_reason() is not None, reason=str(gpu_skip_reason()))
+def test_on_cuda_forms_with_host_memory(spawn_peer):
+    """Stream-ordered transfers of host memory, with a GPU: ordered on the stream
+    by a signal and a wait (no host function)."""
+    peer, te = _on_cuda_engine(spawn_peer)
     src = pattern(12, 4096)
-    if gpu_skip_reason() is None:
+    te.transfer_write_on_cuda(peer.name, addr(src), peer.buffers["numpy"], 4096, 0)
+    te.check_cuda_transfers(timeout=30)
+    assert peer.digest("numpy", 0, 4096) == sha(src)
+
+
+@pytest.mark.skipif(gpu_skip_reason() is None or bool(glob.glob("/dev/nvidia[0-9]*")),
+                    reason="this host has a GPU: the refusal is for hosts without one")
+def test_on_cuda_refused_without_a_gpu(spawn_peer):
+    """Without a GPU, stream-ordered transfers are refused up front with NotSupported."""
+    peer, te = _on_cuda_engine(spawn_peer)
+    src = pattern(12, 4096)
+    with pytest.raises(ferry.NotSupported, match="need a GPU"):
         te.transfer_write_on_cuda(peer.name, addr(src), peer.buffers["numpy"], 4096, 0)
-        te.check_cuda_transfers(timeout=30)
-        assert peer.digest("numpy", 0, 4096) == sha(src)
-    else:
-        with pytest.raises(ferry.NotSupported, match="need a GPU"):
-            te.transfer_write_on_cuda(peer.name, addr(src), peer.buffers["numpy"], 4096, 0)
+
+
+def test_on_cuda_bad_batch_is_refused(spawn_peer):
+    """A batch whose lists differ in length is refused before anything is queued."""
+    peer, te = _on_cuda_engine(spawn_peer)
+    src = pattern(12, 4096)
     with pytest.raises(ferry.InvalidArgument):
         te.batch_transfer_read_on_cuda(peer.name, [addr(src)], [], [4096])
     te.check_cuda_transfers(timeout=5)  # nothing pending, nothing failed

@@ -10,7 +10,6 @@ reason, where torch or a CUDA GPU is missing.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -153,8 +152,7 @@ def test_mixed_device_streams_need_stream():
 def _run_case(*args: str) -> str:
     try:
         proc = subprocess.run([sys.executable, str(HERE / "gpu_compat_case.py"), *args],
-                              capture_output=True, text=True, timeout=WATCHDOG_S,
-                              env=os.environ.copy())
+                              capture_output=True, text=True, timeout=WATCHDOG_S)
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"hung: no completion within the {WATCHDOG_S} s watchdog\n{e.stderr}")
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -3,9 +3,6 @@
 // batches, measured in the same run) and through Redis SET/GET (4 pipelined
 // connections). Also the master's metadata rate: exists and get-locations in
 // batches of 128.
-#include <unistd.h>
-
-#include <csignal>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>

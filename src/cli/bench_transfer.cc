@@ -263,6 +263,7 @@ int RunInitiator(const BenchArgs& a) {
   int ref_streams = 0;
   // Over tcp, GPU memory included, the bound is the socket; otherwise the copy.
   if (served == "tcp") {
+    // The lanes, as the initiator's engine took them from the same variable.
     ref_streams =
         std::max(1, static_cast<int>(env::GetInt("FERRY_TCP_LANES", EngineOptions{}.tcp_lanes)));
     ref_name = "tcp_streams";

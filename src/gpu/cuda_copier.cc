@@ -182,18 +182,6 @@ class CudaCopier : public Copier {
   using WaitValueFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
   using WriteValueFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
-  template <typename Fn>
-  static Fn DriverFunction(const char* name) {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      return nullptr;
-    }
-    return reinterpret_cast<Fn>(fn);
-  }
-
   static Status NoMemOps() {
     return Status(StatusCode::kNotSupported, "the driver has no stream memory operations");
   }

@@ -48,13 +48,7 @@ const Probe& GetProbe() {
         p.description += std::string(d == 0 ? ": " : ", ") + prop.name;
       }
     }
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault,
-                                         &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess) {
-      p.get_address_range = reinterpret_cast<decltype(p.get_address_range)>(fn);
-    }
+    p.get_address_range = DriverFunction<decltype(p.get_address_range)>("cuMemGetAddressRange");
     return p;
   }();
   return probe;

@@ -33,4 +33,18 @@ inline void EnablePeerAccess(int from, int to) {
   if (cudaDeviceEnablePeerAccess(to, 0) != cudaSuccess) cudaGetLastError();  // already enabled
 }
 
+// A driver function, looked up through the runtime so libcuda is never
+// linked; null where the driver lacks it.
+template <typename Fn>
+Fn DriverFunction(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return reinterpret_cast<Fn>(fn);
+}
+
 }  // namespace ferry::gpu

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <asio.hpp>
-#include <condition_variable>
 #include <map>
 #include <optional>
 #include <random>
@@ -19,6 +18,7 @@
 #include "common/host.h"
 #include "common/log.h"
 #include "common/thread_pool.h"
+#include "common/ticker.h"
 #include "gpu/copier.h"
 #include "gpu/gpu.h"
 #include "transfer/batch.h"
@@ -95,14 +95,7 @@ class Engine::Impl {
   explicit Impl(EngineOptions o) : options_(std::move(o)) {}
 
   ~Impl() {
-    if (watcher_.joinable()) {
-      {
-        std::lock_guard lk(watch_mu_);
-        watch_stop_ = true;
-      }
-      watch_cv_.notify_all();
-      watcher_.join();
-    }
+    watch_.reset();
     if (listener_) listener_->Stop();
     std::vector<std::shared_ptr<Endpoint>> eps;
     {
@@ -203,7 +196,7 @@ class Engine::Impl {
       io_threads_.emplace_back([this] { io_.run(); });
     }
     // With or without a GPU, so hosts without one run the same refresh path.
-    watcher_ = std::thread([this] { Watch(); });
+    watch_ = std::make_unique<Ticker>(kWatchPeriod, [this](bool woken) { Watch(woken); });
     return Status::Ok();
   }
 
@@ -249,14 +242,8 @@ class Engine::Impl {
   }
 
   Status UnregisterMemory(void* addr) {
-    auto r = registry_.Remove(reinterpret_cast<uint64_t>(addr));
+    auto r = registry_.Remove(reinterpret_cast<uint64_t>(addr), false);
     if (!r.ok()) return r.status();
-    if (r.value().owned) {
-      // Engine memory goes through FreeMemory; put it back rather than leak it.
-      (void)registry_.Add(r.value());
-      return Status(StatusCode::kInvalidArgument,
-                    "memory from AllocateMemory is freed by FreeMemory");
-    }
     BumpGeneration();
     return Status::Ok();
   }
@@ -296,12 +283,8 @@ class Engine::Impl {
   }
 
   Status FreeMemory(void* addr) {
-    auto r = registry_.Remove(reinterpret_cast<uint64_t>(addr));
+    auto r = registry_.Remove(reinterpret_cast<uint64_t>(addr), true);
     if (!r.ok()) return r.status();
-    if (!r.value().owned) {
-      (void)registry_.Add(r.value());
-      return Status(StatusCode::kInvalidArgument, "memory not from AllocateMemory");
-    }
     BumpGeneration();
     ReleaseOwned(r.value());
     return Status::Ok();
@@ -395,17 +378,13 @@ class Engine::Impl {
   Status RefreshIfChanged(Segment& seg) {
     if (seg.TakeStale()) return Refresh(seg);
     if (!seg.Outdated()) return Status::Ok();
-    if (!Followed(seg)) return Refresh(seg);
+    if (!seg.Watched()) return Refresh(seg);
     const Deadline deadline = Deadline::After(options_.connect_timeout);
     // A round that starts after this one has seen the change: a peer that
     // keeps registering cannot hold the submit past it.
-    const uint64_t round = watch_rounds_.load(std::memory_order_acquire);
-    while (seg.Outdated() && watch_rounds_.load(std::memory_order_acquire) < round + 2) {
-      {
-        std::lock_guard lk(watch_mu_);
-        watch_now_ = true;
-      }
-      watch_cv_.notify_all();
+    const uint64_t round = watch_->runs();
+    while (seg.Outdated() && watch_->runs() < round + 2) {
+      watch_->Wake();
       if (seg.TakeStale()) return Refresh(seg);  // the watch's refetch failed
       if (deadline.Expired()) {
         return Status(StatusCode::kTimeout,
@@ -415,8 +394,6 @@ class Engine::Impl {
     }
     return Status::Ok();
   }
-
-  bool Followed(const Segment& seg) const { return watcher_.joinable() && seg.Watched(); }
 
   // Endpoints that cannot follow a registration change are dropped; work in
   // flight keeps them, and their mappings, until done.
@@ -439,37 +416,27 @@ class Engine::Impl {
   // about kWatchPeriod, or at once when a submit waits for it.
   // A peer that cannot be refetched (it died after a change) is tried again
   // after kWatchBackoff, not every period, unless a submit waits.
-  void Watch() {
-    std::unordered_map<SegmentId, Clock::time_point> retry_at;
-    std::unique_lock lk(watch_mu_);
-    for (;;) {
-      watch_cv_.wait_for(lk, kWatchPeriod, [this] { return watch_stop_ || watch_now_; });
-      if (watch_stop_) return;
-      const bool waited_for = std::exchange(watch_now_, false);
-      lk.unlock();
-      std::vector<std::shared_ptr<Segment>> segs;
-      {
-        std::lock_guard slk(segments_mu_);
-        for (auto& [id, seg] : segments_) {
-          if (!seg->is_self()) segs.push_back(seg);
-        }
+  void Watch(bool waited_for) {
+    std::vector<std::shared_ptr<Segment>> segs;
+    {
+      std::lock_guard lk(segments_mu_);
+      for (auto& [id, seg] : segments_) {
+        if (!seg->is_self()) segs.push_back(seg);
       }
-      std::erase_if(retry_at, [&](const auto& e) {
-        return std::none_of(segs.begin(), segs.end(),
-                            [&](const auto& seg) { return seg->id() == e.first; });
-      });
-      for (auto& seg : segs) {
-        if (!seg->Outdated()) continue;
-        auto it = retry_at.find(seg->id());
-        if (it != retry_at.end() && Clock::now() < it->second && !waited_for) continue;
-        if (Refresh(*seg).ok()) {  // a failure also marks it stale, for the next submit
-          retry_at.erase(seg->id());
-        } else {
-          retry_at[seg->id()] = Clock::now() + kWatchBackoff;
-        }
+    }
+    std::erase_if(retry_at_, [&](const auto& e) {
+      return std::none_of(segs.begin(), segs.end(),
+                          [&](const auto& seg) { return seg->id() == e.first; });
+    });
+    for (auto& seg : segs) {
+      if (!seg->Outdated()) continue;
+      auto it = retry_at_.find(seg->id());
+      if (it != retry_at_.end() && Clock::now() < it->second && !waited_for) continue;
+      if (Refresh(*seg).ok()) {  // a failure also marks it stale, for the next submit
+        retry_at_.erase(seg->id());
+      } else {
+        retry_at_[seg->id()] = Clock::now() + kWatchBackoff;
       }
-      watch_rounds_.fetch_add(1, std::memory_order_release);
-      lk.lock();
     }
   }
 
@@ -503,8 +470,6 @@ class Engine::Impl {
     return Status::Ok();
   }
 
-  // The endpoint of the first transport, in priority order, that may serve this
-  // segment. Connect never blocks, so neither does this.
   // The endpoint of the first transport, in priority order, that may serve this
   // segment for host or GPU memory. Connect never blocks, so neither does this.
   Result<std::pair<Transport*, std::shared_ptr<Endpoint>>> Route(
@@ -796,9 +761,7 @@ class Engine::Impl {
   // as its descriptor says, before any byte moves; a transport that slices a
   // request would otherwise apply the slices that fit. A peer may have
   // registered memory since the descriptor was fetched, so a miss refetches
-  // it once per submit.
-  // Checks that the request's remote range lies inside one registered buffer
-  // of `seg` (after one refetch of a peer's descriptor) and returns where that
+  // it once per submit, unless the watch follows the peer. Returns where the
   // buffer is: its GPU, or -1 for host memory.
   Result<int> CheckRemote(const Request& r, Segment& seg, std::set<SegmentId>* refreshed) {
     auto find = [&]() -> std::optional<int> {
@@ -816,7 +779,7 @@ class Engine::Impl {
     };
     if (auto where = find()) return *where;
     // A peer the watch follows has no registration the page has not shown.
-    if (!seg.is_self() && !Followed(seg) && refreshed->insert(seg.id()).second) {
+    if (!seg.is_self() && !seg.Watched() && refreshed->insert(seg.id()).second) {
       FERRY_RETURN_IF_ERROR(Refresh(seg));
       if (auto where = find()) return *where;
     }
@@ -886,12 +849,8 @@ class Engine::Impl {
   std::atomic<uint64_t> next_serial_{1};  // RegionDesc::serial
   static constexpr Millis kWatchPeriod{2};
   static constexpr Millis kWatchBackoff{1000};
-  std::thread watcher_;  // see Watch
-  std::mutex watch_mu_;
-  std::condition_variable watch_cv_;
-  bool watch_stop_ = false;                // guarded by watch_mu_
-  bool watch_now_ = false;                 // guarded by watch_mu_: a submit waits for the watch
-  std::atomic<uint64_t> watch_rounds_{0};  // rounds the watch has completed
+  std::unique_ptr<Ticker> watch_;  // runs Watch; woken by a submit that waits for it
+  std::unordered_map<SegmentId, Clock::time_point> retry_at_;  // Watch's own
   bool has_gpu_ = false;
   uint64_t epoch_ = 0;
   std::string name_;

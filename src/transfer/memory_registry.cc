@@ -37,11 +37,16 @@ Status MemoryRegistry::Add(const Region& r) {
   return Status::Ok();
 }
 
-Result<Region> MemoryRegistry::Remove(uint64_t addr) {
+Result<Region> MemoryRegistry::Remove(uint64_t addr, bool owned) {
   std::unique_lock lk(mu_);
   auto it = regions_.find(addr);
   if (it == regions_.end()) {
     return Status(StatusCode::kNotFound, "no registration starts at " + Hex(addr));
+  }
+  if (it->second.owned != owned) {
+    return Status(StatusCode::kInvalidArgument,
+                  owned ? "memory not from AllocateMemory"
+                        : "memory from AllocateMemory is freed by FreeMemory");
   }
   Region r = it->second;
   regions_.erase(it);

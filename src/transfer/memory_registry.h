@@ -31,8 +31,10 @@ class MemoryRegistry {
  public:
   // InvalidArgument for zero length or address overflow, AlreadyExists on overlap.
   Status Add(const Region& region);
-  // NotFound unless a region starts at `addr`. Returns the removed region.
-  Result<Region> Remove(uint64_t addr);
+  // NotFound unless a region starts at `addr`; InvalidArgument, leaving it in
+  // place, unless it was allocated by the engine exactly when `owned` says
+  // (engine memory is freed, other memory unregistered). Returns the region.
+  Result<Region> Remove(uint64_t addr, bool owned);
   // The region holding [addr, addr+length) whole, host or GPU.
   std::optional<Region> Find(uint64_t addr, uint64_t length) const;
   std::vector<Region> Snapshot() const;

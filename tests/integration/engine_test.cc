@@ -282,11 +282,11 @@ TEST(Registrations, TheWatchFollowsSameHostPeersWithoutASubmit) {
 }
 
 // A peer that registers and unregisters without pause keeps its segment
-// outdated most of the time. Submits to its stable buffer still succeed,
-// promptly: they wait for a round of the watch, not for a quiet moment
-// (engine.cc, RefreshIfChanged). On two cores the churn has pauses, so this
-// does not reliably fail without that bound; it guards against churn making
-// requests fail or lose data.
+// outdated most of the time. Submits to its stable buffer still succeed:
+// they wait for a round of the watch, not for a quiet moment (engine.cc,
+// RefreshIfChanged), which would end in a timeout. On two cores the churn has
+// pauses, so this does not reliably fail without that bound; it guards
+// against churn making requests fail or lose data.
 TEST(Registrations, SubmitsToAPeerThatKeepsRegisteringSucceed) {
   auto target = Engine::Create({}).value();
   auto engine = Engine::Create({}).value();
@@ -304,10 +304,8 @@ TEST(Registrations, SubmitsToAPeerThatKeepsRegisteringSucceed) {
   const uint64_t addr = reinterpret_cast<uint64_t>(stable.data());
   int ok = 0;
   for (int i = 0; i < 20; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
     Status st = engine->Transfer({Op::kWrite, data.data(), seg.value(), addr, 4096}, seconds(10));
     EXPECT_TRUE(st.ok()) << st.ToString();
-    EXPECT_LT(std::chrono::steady_clock::now() - t0, seconds(2));
     ok += st.ok() ? 1 : 0;
   }
   stop = true;

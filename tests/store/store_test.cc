@@ -326,7 +326,7 @@ TEST(Store, MetricsAndHealthOverHttp) {
   EXPECT_NE(metrics->body.find("ferry_store_puts_committed_total 1\n"), std::string::npos);
 }
 
-TEST(Store, SingleProcessByDefaultReadsItsOwnReplicaByMemcpy) {
+TEST(Store, SingleProcessByDefaultHoldsItsOwnReplica) {
   StoreOptions o;
   o.local_memory = 32 << 20;
   auto s = Store::Create(o);  // no master address: master and node in this process

@@ -193,8 +193,10 @@ TEST(MemoryRegistry, OverlapsAreRejectedAndContainsIsExact) {
   EXPECT_FALSE(reg.Find(0xfff, 1).has_value());
   EXPECT_FALSE(reg.Find(0x10000, 0).has_value());
   EXPECT_FALSE(reg.Find(0x10000, ~0ull).has_value());
-  EXPECT_EQ(reg.Remove(0x10001).status().code(), StatusCode::kNotFound);
-  EXPECT_TRUE(reg.Remove(0x10000).ok());
+  EXPECT_EQ(reg.Remove(0x10001, false).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(reg.Remove(0x10000, true).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(reg.Find(0x10000, 1).has_value()) << "a refused removal leaves the region";
+  EXPECT_TRUE(reg.Remove(0x10000, false).ok());
   EXPECT_FALSE(reg.Find(0x10000, 1).has_value());
   EXPECT_EQ(reg.Snapshot().size(), 1u);
 }

@@ -311,11 +311,13 @@ class TransferEngine:
             pending = list(self._on_stream)
         for handle in pending:
             try:
-                if not handle.wait(timeout):
-                    raise Timeout(f"stream-ordered transfer still running after {timeout} s")
-            except FerryError as e:
+                finished = handle.wait(timeout)
+            except FerryError:
                 if not handle.done():
-                    raise e
+                    raise
+                continue  # its error is raised by _reap_on_stream
+            if not finished and not handle.done():
+                raise Timeout(f"stream-ordered transfer still running after {timeout} s")
         self._reap_on_stream()
 
     def _reap_on_stream(self) -> None:

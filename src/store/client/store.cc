@@ -129,8 +129,9 @@ class Store::Impl {
     }
     FERRY_ASSIGN_OR_RETURN(SegmentId id, engine->OpenSegment(name));
     std::lock_guard lock(seg_mu);
-    segments.emplace(name, id);
-    return id;
+    auto [it, added] = segments.emplace(name, id);
+    if (!added) (void)engine->CloseSegment(id);  // another thread opened it meanwhile
+    return it->second;
   }
 
   bool Registered(const void* p, size_t n) {

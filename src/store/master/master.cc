@@ -25,28 +25,10 @@ uint64_t Bytes(const std::vector<Allocation>& replicas) {
 Master::Master(MasterOptions options) : options_(std::move(options)) {
   const int n = std::max(1, options_.shards);
   for (int i = 0; i < n; ++i) shards_.push_back(std::make_unique<Shard>());
-  thread_ = std::thread([this] { Loop(); });
+  ticker_ = std::make_unique<Ticker>(options_.tick, [this](bool) { Tick(); });
 }
 
-Master::~Master() {
-  {
-    std::lock_guard lock(stop_mu_);
-    stopping_ = true;
-  }
-  stop_cv_.notify_all();
-  thread_.join();
-}
-
-void Master::Loop() {
-  std::unique_lock lock(stop_mu_);
-  while (!stopping_) {
-    stop_cv_.wait_for(lock, options_.tick, [this] { return stopping_; });
-    if (stopping_) break;
-    lock.unlock();
-    Tick();
-    lock.lock();
-  }
-}
+Master::~Master() { ticker_.reset(); }
 
 Status Master::CheckKey(std::string_view key) {
   if (key.empty()) return Status(StatusCode::kInvalidArgument, "empty key");
@@ -352,15 +334,12 @@ void Master::Tick() {
     std::vector<Allocation> due;
     {
       std::lock_guard lock(deferred_mu_);
-      for (auto it = deferred_.begin(); it != deferred_.end();) {
-        if (it->until <= now) {
-          deferred_bytes_ -= Bytes(it->allocation);
-          due.push_back(std::move(it->allocation));
-          it = deferred_.erase(it);
-        } else {
-          ++it;
-        }
-      }
+      std::erase_if(deferred_, [&](Deferred& d) {
+        if (d.until > now) return false;
+        deferred_bytes_ -= Bytes(d.allocation);
+        due.push_back(std::move(d.allocation));
+        return true;
+      });
     }
     for (const auto& a : due) space_.Free(a);
   }

@@ -8,17 +8,16 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "common/clock.h"
+#include "common/ticker.h"
 #include "ferry/status.h"
 #include "ferry/store.h"
 #include "store/master/space.h"
@@ -149,7 +148,6 @@ class Master {
   // Returns the bytes released.
   uint64_t Evict(uint64_t bytes, bool soft);
   void DropNode(const std::string& node, uint64_t generation);
-  void Loop();
 
   const MasterOptions options_;
   Space space_;
@@ -165,10 +163,7 @@ class Master {
   mutable std::mutex stats_mu_;
   MasterStats counters_;  // guarded by stats_mu_; space and objects filled on read
 
-  std::mutex stop_mu_;
-  std::condition_variable stop_cv_;
-  bool stopping_ = false;  // guarded by stop_mu_
-  std::thread thread_;
+  std::unique_ptr<Ticker> ticker_;  // runs Tick; reset first on destruction
 };
 
 }  // namespace ferry::store

@@ -17,6 +17,13 @@ namespace pb = ::ferry::store::v1;
 // Pin TTLs beyond a year are refused rather than overflowing the clock.
 constexpr uint64_t kMaxTtlMs = 365ull * 24 * 3600 * 1000;
 
+Status CheckPin(int kind, uint64_t ttl_ms) {
+  if (!pb::PinKind_IsValid(kind) || ttl_ms > kMaxTtlMs) {
+    return Status(StatusCode::kInvalidArgument, "unknown pin kind or TTL over a year");
+  }
+  return Status::Ok();
+}
+
 grpc::Status BadRequest(const std::string& what) {
   return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, what);
 }
@@ -97,9 +104,8 @@ class Service final : public pb::Master::Service {
         spec.size = item.size();
         spec.replicas = item.replicas() == 0 ? 1 : item.replicas();
         spec.preferred = item.preferred_segment();
-        if (!pb::PinKind_IsValid(item.pin()) || item.pin_ttl_ms() > kMaxTtlMs) {
-          SetStatus(Status(StatusCode::kInvalidArgument, "unknown pin kind or TTL over a year"),
-                    out->mutable_status());
+        if (Status st = CheckPin(item.pin(), item.pin_ttl_ms()); !st.ok()) {
+          SetStatus(st, out->mutable_status());
           continue;
         }
         spec.pin = static_cast<StorePin>(item.pin());
@@ -180,10 +186,10 @@ class Service final : public pb::Master::Service {
     return Guard("Pin", [&] {
       if (auto st = CheckCount(req->items_size()); !st.ok()) return st;
       for (const auto& item : req->items()) {
-        Status st =
-            !pb::PinKind_IsValid(item.kind()) || item.ttl_ms() > kMaxTtlMs
-                ? Status(StatusCode::kInvalidArgument, "unknown pin kind or TTL over a year")
-                : m_.SetPin(item.key(), static_cast<StorePin>(item.kind()), Millis(item.ttl_ms()));
+        Status st = CheckPin(item.kind(), item.ttl_ms());
+        if (st.ok()) {
+          st = m_.SetPin(item.key(), static_cast<StorePin>(item.kind()), Millis(item.ttl_ms()));
+        }
         SetStatus(st, resp->add_results());
       }
       return grpc::Status::OK;
@@ -251,7 +257,6 @@ MasterServer::~MasterServer() {
 
 const std::string& MasterServer::address() const { return impl_->address; }
 int MasterServer::http_port() const { return impl_->http_port; }
-Master& MasterServer::master() { return impl_->master; }
 
 Result<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterServerOptions& o) {
   if (o.master.low_watermark > o.master.high_watermark || o.master.high_watermark > 1.0 ||

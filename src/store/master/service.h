@@ -31,7 +31,6 @@ class MasterServer {
 
   const std::string& address() const;  // "host:port" of the gRPC service
   int http_port() const;               // -1 when not serving HTTP
-  Master& master();
 
   class Impl;
 

@@ -32,19 +32,12 @@ Result<std::unique_ptr<StoreNode>> StoreNode::Start(Engine& engine, const NodeOp
     if (wait_for_mount) return first;
     FERRY_LOG_WARN("node {}: first mount failed, retrying: {}", engine.name(), first.ToString());
   }
-  node->thread_ = std::thread([n = node.get()] { n->Loop(); });
+  node->ticker_ = std::make_unique<Ticker>(node->period_, [n = node.get()](bool) { n->Tick(); });
   return node;
 }
 
 StoreNode::~StoreNode() {
-  if (thread_.joinable()) {
-    {
-      std::lock_guard lock(mu_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
+  ticker_.reset();
   if (mounted_) (void)client_->Unmount(engine_.name());
   for (auto [addr, size] : regions_) (void)engine_.FreeMemory(reinterpret_cast<void*>(addr));
 }
@@ -60,32 +53,27 @@ Status StoreNode::MountOnce() {
   Millis ttl{0};
   Status st = client_->Mount(engine_.name(), regions_, &ttl);
   if (!st.ok()) return st;
+  // A third of the master's TTL at most; the ticker runs from Start on.
   period_ = std::max(Millis(5), std::min(options_.heartbeat, ttl / 3));
+  if (ticker_) ticker_->SetPeriod(period_);
   mounted_ = true;
-  ++mounts_;
   FERRY_LOG_INFO("node {}: mounted {} regions at {}", engine_.name(), regions_.size(),
                  client_->address());
   return Status::Ok();
 }
 
-void StoreNode::Loop() {
-  std::unique_lock lock(mu_);
-  while (!stopping_) {
-    cv_.wait_for(lock, period_, [this] { return stopping_; });
-    if (stopping_) break;
-    lock.unlock();
-    if (mounted_) {
-      Status st = client_->Heartbeat(engine_.name());
-      if (st.code() == StatusCode::kNotFound) {
-        FERRY_LOG_WARN("node {}: the master forgot this node; mounting again", engine_.name());
-        mounted_ = false;
-      }
+// Heartbeats, and mounts again when the master has forgotten this node.
+void StoreNode::Tick() {
+  if (mounted_) {
+    Status st = client_->Heartbeat(engine_.name());
+    if (st.code() == StatusCode::kNotFound) {
+      FERRY_LOG_WARN("node {}: the master forgot this node; mounting again", engine_.name());
+      mounted_ = false;
     }
-    if (!mounted_) {
-      Status st = MountOnce();
-      if (!st.ok()) FERRY_LOG_DEBUG("node {}: mount: {}", engine_.name(), st.ToString());
-    }
-    lock.lock();
+  }
+  if (!mounted_) {
+    Status st = MountOnce();
+    if (!st.ok()) FERRY_LOG_DEBUG("node {}: mount: {}", engine_.name(), st.ToString());
   }
 }
 

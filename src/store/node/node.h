@@ -4,15 +4,13 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "common/clock.h"
+#include "common/ticker.h"
 #include "ferry/engine.h"
 #include "store/client/master_client.h"
 
@@ -38,7 +36,6 @@ class StoreNode {
 
   const std::string& name() const { return engine_.name(); }
   bool mounted() const { return mounted_.load(); }
-  uint64_t mounts() const { return mounts_.load(); }  // successful mounts so far
   // Whether [addr, addr+length) lies inside this node's memory: what the
   // master names there may be copied in this process directly.
   bool Owns(uint64_t addr, uint64_t length) const;
@@ -46,20 +43,16 @@ class StoreNode {
  private:
   StoreNode(Engine& engine, NodeOptions options, std::unique_ptr<MasterClient> client);
   Status MountOnce();
-  void Loop();
+  void Tick();
 
   Engine& engine_;
   const NodeOptions options_;
   std::unique_ptr<MasterClient> client_;
   std::vector<std::pair<uint64_t, uint64_t>> regions_;
   std::atomic<bool> mounted_{false};
-  std::atomic<uint64_t> mounts_{0};
   Millis period_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;  // guarded by mu_
-  std::thread thread_;
+  std::unique_ptr<Ticker> ticker_;  // runs Tick; reset first on destruction
 };
 
 }  // namespace ferry::store

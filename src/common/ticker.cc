@@ -1,0 +1,45 @@
+#include "common/ticker.h"
+
+#include <utility>
+
+namespace ferry {
+
+Ticker::Ticker(Millis period, std::function<void(bool)> job)
+    : job_(std::move(job)), period_(period), thread_([this] { Loop(); }) {}
+
+Ticker::~Ticker() {
+  {
+    std::lock_guard lk(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void Ticker::Wake() {
+  {
+    std::lock_guard lk(mu_);
+    woken_ = true;
+  }
+  cv_.notify_all();
+}
+
+void Ticker::SetPeriod(Millis period) {
+  std::lock_guard lk(mu_);
+  period_ = period;
+}
+
+void Ticker::Loop() {
+  std::unique_lock lk(mu_);
+  for (;;) {
+    cv_.wait_for(lk, period_, [this] { return stopping_ || woken_; });
+    if (stopping_) return;
+    const bool woken = std::exchange(woken_, false);
+    lk.unlock();
+    job_(woken);
+    runs_.fetch_add(1, std::memory_order_release);
+    lk.lock();
+  }
+}
+
+}  // namespace ferry
