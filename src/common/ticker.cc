@@ -5,7 +5,11 @@
 namespace ferry {
 
 Ticker::Ticker(Millis period, std::function<void(bool)> job)
-    : job_(std::move(job)), period_(period), thread_([this] { Loop(); }) {}
+    : job_(std::move(job)), period_(period) {}
+
+void Ticker::Start() {
+  thread_ = std::thread([this] { Loop(); });
+}
 
 Ticker::~Ticker() {
   {
@@ -13,7 +17,7 @@ Ticker::~Ticker() {
     stopping_ = true;
   }
   cv_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 void Ticker::Wake() {

@@ -1,6 +1,7 @@
-// A thread that runs a periodic job: every `period`, or at once after Wake(),
-// until the Ticker is destroyed. The destructor waits for a run under way, so
-// destroy it before anything the job uses.
+// A thread that runs a periodic job, from Start() on: every `period`, or at
+// once after Wake(), until the Ticker is destroyed. The destructor waits for a
+// run under way, so destroy it before anything the job uses. Start apart from
+// construction, so the job may reach the Ticker through its owner.
 #pragma once
 
 #include <atomic>
@@ -19,6 +20,7 @@ class Ticker {
   // `job(woken)`: woken is true when a Wake() asked for this run.
   Ticker(Millis period, std::function<void(bool woken)> job);
   ~Ticker();
+  void Start();
   Ticker(const Ticker&) = delete;
   Ticker& operator=(const Ticker&) = delete;
 
@@ -39,7 +41,7 @@ class Ticker {
   bool stopping_ = false;  // guarded by mu_
   bool woken_ = false;     // guarded by mu_
   std::atomic<uint64_t> runs_{0};
-  std::thread thread_;  // last: starts once the rest is set
+  std::thread thread_;
 };
 
 }  // namespace ferry

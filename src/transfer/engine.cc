@@ -197,6 +197,7 @@ class Engine::Impl {
     }
     // With or without a GPU, so hosts without one run the same refresh path.
     watch_ = std::make_unique<Ticker>(kWatchPeriod, [this](bool woken) { Watch(woken); });
+    watch_->Start();
     return Status::Ok();
   }
 

@@ -1,14 +1,19 @@
 // Unit tests of the pieces under the engine: status, byte codec, frame header,
-// descriptor codec, memory registry, segment names and batch bookkeeping.
+// descriptor codec, memory registry, segment names, batch bookkeeping and the
+// periodic-job thread.
 #include <gtest/gtest.h>
 
 #include <asio.hpp>  // after standard headers: see asio_first.cc
+#include <atomic>
+#include <chrono>
+#include <thread>
 
 #ifdef ASIO_HAS_STD_ALIGNED_ALLOC
 #error "asio's aligned allocation must be disabled for every file; see CMakeLists.txt"
 #endif
 
 #include "common/bytes.h"
+#include "common/ticker.h"
 #include "ferry/status.h"
 #include "transfer/batch.h"
 #include "transfer/descriptor.h"
@@ -236,6 +241,24 @@ TEST(BatchState, CountsTasksAndReportsTheFirstError) {
   EXPECT_EQ(b->Result(1).transport, TransportKind::kShm);
   EXPECT_EQ(b->Result(5).status.code(), StatusCode::kOutOfRange);
   EXPECT_TRUE(b->WaitQuiescent(Deadline::After(Millis(10))));
+}
+
+// A Wake runs the job at once, and says so; without one, the period decides.
+TEST(Ticker, WakeRunsTheJobAndThePeriodCanChange) {
+  std::atomic<int> woken{0}, timed{0};
+  Ticker t(std::chrono::hours(1), [&](bool w) { (w ? woken : timed).fetch_add(1); });
+  t.Start();
+  auto within = [](auto&& cond) {
+    for (int i = 0; i < 1000 && !cond(); ++i) std::this_thread::sleep_for(Millis(5));
+    return cond();
+  };
+  t.Wake();
+  EXPECT_TRUE(within([&] { return t.runs() >= 1; })) << "a Wake did not run the job";
+  EXPECT_EQ(woken.load(), 1);
+  EXPECT_EQ(timed.load(), 0);
+  t.SetPeriod(Millis(1));
+  t.Wake();  // ends the hour-long wait; the next ones take the new period
+  EXPECT_TRUE(within([&] { return timed.load() >= 3; })) << "the new period did not apply";
 }
 
 }  // namespace

@@ -26,6 +26,7 @@ Master::Master(MasterOptions options) : options_(std::move(options)) {
   const int n = std::max(1, options_.shards);
   for (int i = 0; i < n; ++i) shards_.push_back(std::make_unique<Shard>());
   ticker_ = std::make_unique<Ticker>(options_.tick, [this](bool) { Tick(); });
+  ticker_->Start();
 }
 
 Master::~Master() { ticker_.reset(); }

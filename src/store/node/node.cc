@@ -33,6 +33,7 @@ Result<std::unique_ptr<StoreNode>> StoreNode::Start(Engine& engine, const NodeOp
     FERRY_LOG_WARN("node {}: first mount failed, retrying: {}", engine.name(), first.ToString());
   }
   node->ticker_ = std::make_unique<Ticker>(node->period_, [n = node.get()](bool) { n->Tick(); });
+  node->ticker_->Start();
   return node;
 }
 
