@@ -21,6 +21,7 @@
 #include "common/clock.h"
 #include "common/env.h"
 #include "common/subprocess.h"
+#include "common/thread_name.h"
 #include "ferry/engine.h"
 #include "gpu/gpu.h"
 
@@ -217,6 +218,7 @@ int RunInitiator(const BenchArgs& a) {
   auto t0 = Clock::now();
   for (int t = 0; t < a.threads; ++t) {
     workers.emplace_back([&, t] {
+      NameThisThread("bench-worker");
       std::vector<Request> reqs(static_cast<size_t>(a.batch_size));
       for (int i = 0; i < a.batch_size; ++i) {
         uint64_t off =

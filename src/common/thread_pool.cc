@@ -1,9 +1,18 @@
 #include "common/thread_pool.h"
 
+#include <string>
+
+#include "common/thread_name.h"
+
 namespace ferry {
 
-ThreadPool::ThreadPool(int threads) {
-  for (int i = 0; i < (threads < 1 ? 1 : threads); ++i) threads_.emplace_back([this] { Loop(); });
+ThreadPool::ThreadPool(int threads, const char* name) {
+  for (int i = 0; i < (threads < 1 ? 1 : threads); ++i) {
+    threads_.emplace_back([this, name = std::string(name)] {
+      NameThisThread(name.c_str());
+      Loop();
+    });
+  }
 }
 
 ThreadPool::~ThreadPool() {

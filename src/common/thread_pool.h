@@ -14,7 +14,8 @@ namespace ferry {
 
 class ThreadPool {
  public:
-  explicit ThreadPool(int threads);
+  // `name` names its threads (common/thread_name.h).
+  ThreadPool(int threads, const char* name);
   // Runs the jobs still queued, then joins.
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;

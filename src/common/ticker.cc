@@ -2,13 +2,18 @@
 
 #include <utility>
 
+#include "common/thread_name.h"
+
 namespace ferry {
 
-Ticker::Ticker(Millis period, std::function<void(bool)> job)
-    : job_(std::move(job)), period_(period) {}
+Ticker::Ticker(const char* name, Millis period, std::function<void(bool)> job)
+    : name_(name), job_(std::move(job)), period_(period) {}
 
 void Ticker::Start() {
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    NameThisThread(name_.c_str());
+    Loop();
+  });
 }
 
 Ticker::~Ticker() {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "common/clock.h"
@@ -18,7 +19,8 @@ namespace ferry {
 class Ticker {
  public:
   // `job(woken)`: woken is true when a Wake() asked for this run.
-  Ticker(Millis period, std::function<void(bool woken)> job);
+  // `name` names its thread (common/thread_name.h).
+  Ticker(const char* name, Millis period, std::function<void(bool woken)> job);
   ~Ticker();
   void Start();
   Ticker(const Ticker&) = delete;
@@ -34,6 +36,7 @@ class Ticker {
  private:
   void Loop();
 
+  const std::string name_;
   const std::function<void(bool)> job_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/poll_pacer.h"
+#include "common/thread_name.h"
 #include "gpu/copier.h"
 #include "gpu/cuda_util.h"
 #include "gpu/gpu.h"
@@ -90,6 +91,7 @@ class CudaCopier : public Copier {
       for (int b = 0; b < n; ++b) EnablePeerAccess(a, b);
     }
     poller_ = std::thread([this] {
+      NameThisThread("ferry-copier");
       PollPacer::TightenTimerSlack();
       Poll();
     });

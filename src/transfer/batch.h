@@ -73,7 +73,8 @@ struct Task {
   // GPU memory on either side: the device that copies, and the readiness event
   // recorded on the submission stream (null when the caller opted out).
   int gpu_device = -1;
-  bool gpu_local = false;  // the local side is the GPU memory
+  bool gpu_local = false;   // the local side is the GPU memory
+  bool gpu_remote = false;  // the remote side is GPU memory, which its target stages
   std::shared_ptr<gpu::ReadyEvent> ready;
   // Set on a stand-in task by a transport that stages the real one: runs
   // instead of the batch update, which the real task then does.

@@ -17,6 +17,7 @@
 #include "common/env.h"
 #include "common/host.h"
 #include "common/log.h"
+#include "common/thread_name.h"
 #include "common/thread_pool.h"
 #include "common/ticker.h"
 #include "gpu/copier.h"
@@ -162,9 +163,14 @@ class Engine::Impl {
                                    options_.request_timeout);
     }
     FERRY_RETURN_IF_ERROR(MakeGenerationPage());
-    copy_pool_ = std::make_unique<ThreadPool>(options_.copy_threads);
-    if (has_gpu_ && options_.landing_threads > 0) {
-      landing_pool_ = std::make_unique<ThreadPool>(options_.landing_threads);
+    copy_pool_ = std::make_unique<ThreadPool>(options_.copy_threads, "ferry-copy");
+    int landing = options_.landing_threads;
+    if (landing < 0) {
+      int cores = static_cast<int>(std::thread::hardware_concurrency());
+      landing = std::clamp(cores / 4, 2, std::max(2, options_.tcp_lanes));
+    }
+    if (has_gpu_ && landing > 0) {
+      landing_pool_ = std::make_unique<ThreadPool>(landing, "ferry-landing");
     }
     Listener::Config cfg;
     cfg.host = options_.host;
@@ -173,6 +179,9 @@ class Engine::Impl {
     cfg.frame_timeout = options_.request_timeout;
     cfg.max_connections = static_cast<size_t>(env::GetInt("FERRY_MAX_CONNECTIONS", 1024));
     cfg.staging_bytes = options_.tcp_chunk_bytes;
+    // One peer's lanes, each with the doubled window of requests to GPU memory.
+    cfg.staging_buffers =
+        static_cast<size_t>(2 * options_.tcp_lanes * options_.tcp_chunks_in_flight);
     cfg.landing = landing_pool_.get();
     auto l = Listener::Start(io_, cfg, registry_, copier_.get(),
                              [this] { return EncodeDescriptor(Describe()); });
@@ -193,10 +202,14 @@ class Engine::Impl {
       io_threads = std::clamp(cores / 4, 1, options_.tcp_lanes);
     }
     for (int i = 0; i < io_threads; ++i) {
-      io_threads_.emplace_back([this] { io_.run(); });
+      io_threads_.emplace_back([this] {
+        NameThisThread("ferry-io");
+        io_.run();
+      });
     }
     // With or without a GPU, so hosts without one run the same refresh path.
-    watch_ = std::make_unique<Ticker>(kWatchPeriod, [this](bool woken) { Watch(woken); });
+    watch_ =
+        std::make_unique<Ticker>("ferry-watch", kWatchPeriod, [this](bool woken) { Watch(woken); });
     watch_->Start();
     return Status::Ok();
   }
@@ -729,6 +742,7 @@ class Engine::Impl {
         t.index = static_cast<uint32_t>(i);
         t.gpu_device = gpu_device;
         t.gpu_local = gpu_local;
+        t.gpu_remote = remote.value() >= 0;
         if (gpu_device >= 0) t.ready = ready;
         t.deadline = deadline;
         t.batch = state;

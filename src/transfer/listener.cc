@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "common/log.h"
+#include "common/thread_pool.h"
 #include "gpu/copier.h"
 #include "transfer/memory_registry.h"
 #include "transfer/socket_io.h"
@@ -268,9 +269,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   // Runs `next` on the strand once the staged copy has landed, or failed.
+  // The copy is started on the landing pool when there is one, so the socket
+  // threads, which bound a read's throughput, make no CUDA calls.
   void CopyThen(void* dst, const void* src, size_t n, int device,
                 std::function<void(const Status&)> next) {
-    gpu_->copier->CopyAsync(dst, src, n, device, nullptr, OnStrand(std::move(next)));
+    auto copy = [copier = gpu_->copier, dst, src, n, device,
+                 done = OnStrand(std::move(next))]() mutable {
+      copier->CopyAsync(dst, src, n, device, nullptr, std::move(done));
+    };
+    if (gpu_->landing == nullptr) return copy();
+    gpu_->landing->Post(std::move(copy));
   }
   // The same for a buffer just received; `pool` as for LandStaged.
   void LandThen(void* dst, const char* buf, size_t n, int device, ThreadPool* pool,

@@ -44,9 +44,10 @@ class Listener {
     // Pinned staging for GPU memory, made at start when there is a GPU.
     size_t staging_buffers = 16;
     size_t staging_bytes = 512 << 10;
-    // Where received staging is landed in GPU memory (LandStaged); null:
-    // on the socket's thread. Must outlive the threads running the
-    // listener's io_context.
+    // Where the copies of staging start: received staging landed in GPU
+    // memory (LandStaged), GPU memory staged for a reply. Null: on the
+    // socket's thread. Must outlive the threads running the listener's
+    // io_context.
     ThreadPool* landing = nullptr;
   };
   using DescriptorFn = std::function<std::vector<uint8_t>()>;

@@ -11,6 +11,7 @@
 #include "common/cache.h"
 #include "common/log.h"
 #include "common/poll_pacer.h"
+#include "common/thread_name.h"
 #include "gpu/copier.h"
 #include "gpu/gpu.h"
 #include "transfer/transport.h"
@@ -83,6 +84,7 @@ class StreamRelay::Core : public std::enable_shared_from_this<StreamRelay::Core>
       free_.push_back(&slots_[i]);
     }
     watcher_ = std::thread([this] {
+      NameThisThread("ferry-relay");
       PollPacer::TightenTimerSlack();
       Watch();
     });

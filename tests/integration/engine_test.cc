@@ -2,9 +2,13 @@
 // peer in another process (the local transport targets the engine itself).
 #include "ferry/engine.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -15,7 +19,10 @@
 #include <thread>
 
 #include "common/subprocess.h"
+#include "gpu/gpu.h"
 #include "integration/peer.h"
+#include "transfer/descriptor.h"
+#include "transfer/wire.h"
 
 namespace ferry {
 namespace {
@@ -389,6 +396,119 @@ TEST(TransportSelection, OwnSegmentCopiesLocally) {
   Request r{Op::kRead, dst, s.value(), reinterpret_cast<uint64_t>(mem.value()) + 9, 64};
   ASSERT_TRUE(e.value()->Transfer(r).ok());
   EXPECT_STREQ(dst, "loopback");
+}
+
+// A target that describes one host and one GPU region, answers the hello and
+// counts the requests it is sent, answering none of them.
+class SilentTarget {
+ public:
+  static constexpr uint64_t kHost = 0x100000, kGpu = 0x10000000, kLen = 1 << 20;
+
+  SilentTarget() {
+    lfd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    socklen_t len = sizeof(a);
+    bind(lfd_, reinterpret_cast<sockaddr*>(&a), len);
+    listen(lfd_, 8);
+    getsockname(lfd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    acceptor_ = std::thread([this] {
+      for (int fd; (fd = accept(lfd_, nullptr, nullptr)) >= 0;) {
+        fds_.push_back(fd);
+        conns_.emplace_back([this, fd] { Serve(fd); });
+      }
+    });
+  }
+  ~SilentTarget() {
+    shutdown(lfd_, SHUT_RDWR);
+    close(lfd_);
+    acceptor_.join();
+    for (int fd : fds_) shutdown(fd, SHUT_RDWR);
+    for (auto& t : conns_) t.join();
+    for (int fd : fds_) close(fd);
+  }
+  std::string name() const { return "127.0.0.1:" + std::to_string(port_); }
+  int requests() const { return requests_.load(); }
+
+ private:
+  void Serve(int fd) {
+    uint8_t in[wire::kHeaderSize], out[wire::kHeaderSize];
+    while (recv(fd, in, sizeof(in), MSG_WAITALL) == static_cast<ssize_t>(sizeof(in))) {
+      auto h = wire::DecodeHeader(in);
+      if (!h.ok()) return;
+      if (h.value().opcode == wire::Opcode::kHello) {
+        wire::EncodeHeader({wire::Opcode::kHelloAck, StatusCode::kOk, h.value().id, kEpoch, 0},
+                           out);
+        send(fd, out, sizeof(out), MSG_NOSIGNAL);
+      } else if (h.value().opcode == wire::Opcode::kGetDescriptor) {
+        SegmentDescriptor d;
+        d.epoch = kEpoch;
+        d.host_id = "another host";
+        d.pid = 1;
+        d.transports = {"tcp"};
+        RegionDesc host, dev;
+        host.addr = kHost;
+        host.length = kLen;
+        host.serial = 1;
+        dev.addr = kGpu;
+        dev.length = kLen;
+        dev.kind = static_cast<uint8_t>(gpu::MemoryKind::kDevice);
+        dev.device = 0;
+        dev.serial = 2;
+        d.regions = {host, dev};
+        auto bytes = EncodeDescriptor(d);
+        wire::EncodeHeader(
+            {wire::Opcode::kDescriptor, StatusCode::kOk, h.value().id, 0, bytes.size()}, out);
+        send(fd, out, sizeof(out), MSG_NOSIGNAL);
+        send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+      } else if (h.value().opcode == wire::Opcode::kRead) {
+        requests_.fetch_add(1);
+      } else {
+        return;
+      }
+    }
+  }
+
+  static constexpr uint64_t kEpoch = 42;
+  int lfd_ = -1;
+  uint16_t port_ = 0;
+  std::thread acceptor_;
+  std::vector<int> fds_;  // touched by the acceptor until it is joined
+  std::vector<std::thread> conns_;
+  std::atomic<int> requests_{0};
+};
+
+// A request to the target's GPU memory waits there for a copy to staging, so
+// a lane lets twice its window of them on the wire; host memory keeps the
+// window.
+TEST(TcpLanes, RequestsToGpuMemoryGetTwiceTheWindow) {
+  for (uint64_t remote : {SilentTarget::kHost, SilentTarget::kGpu}) {
+    SilentTarget target;
+    EngineOptions o;
+    o.transport = "tcp";
+    o.tcp_lanes = 1;
+    o.tcp_chunks_in_flight = 2;
+    auto e = Engine::Create(o);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    auto s = e.value()->OpenSegment(target.name());
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    std::vector<char> buf(16 * 4096);
+    std::vector<Request> reqs;
+    for (int i = 0; i < 16; ++i) {
+      reqs.push_back({Op::kRead, buf.data() + i * 4096, s.value(), remote + i * 4096, 4096});
+    }
+    auto b = e.value()->Submit(reqs, seconds(30));
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    const int want = remote == SilentTarget::kGpu ? 4 : 2;
+    for (int i = 0; i < 500 && target.requests() < want; ++i) {
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+    std::this_thread::sleep_for(milliseconds(200));  // no more should follow
+    EXPECT_EQ(target.requests(), want) << "remote 0x" << std::hex << remote;
+    e.value().reset();  // fails the unanswered requests, so the batch ends now
+  }
 }
 
 TEST(EngineLifecycle, CreateAndDestroyInALoop) {

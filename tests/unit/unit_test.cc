@@ -2,10 +2,14 @@
 // descriptor codec, memory registry, segment names, batch bookkeeping and the
 // periodic-job thread.
 #include <gtest/gtest.h>
+#include <pthread.h>
 
 #include <asio.hpp>  // after standard headers: see asio_first.cc
 #include <atomic>
 #include <chrono>
+#include <future>
+#include <mutex>
+#include <string>
 #include <thread>
 
 #ifdef ASIO_HAS_STD_ALIGNED_ALLOC
@@ -13,6 +17,7 @@
 #endif
 
 #include "common/bytes.h"
+#include "common/thread_pool.h"
 #include "common/ticker.h"
 #include "ferry/status.h"
 #include "transfer/batch.h"
@@ -246,7 +251,7 @@ TEST(BatchState, CountsTasksAndReportsTheFirstError) {
 // A Wake runs the job at once, and says so; without one, the period decides.
 TEST(Ticker, WakeRunsTheJobAndThePeriodCanChange) {
   std::atomic<int> woken{0}, timed{0};
-  Ticker t(std::chrono::hours(1), [&](bool w) { (w ? woken : timed).fetch_add(1); });
+  Ticker t("test-ticker", std::chrono::hours(1), [&](bool w) { (w ? woken : timed).fetch_add(1); });
   t.Start();
   auto within = [](auto&& cond) {
     for (int i = 0; i < 1000 && !cond(); ++i) std::this_thread::sleep_for(Millis(5));
@@ -259,6 +264,29 @@ TEST(Ticker, WakeRunsTheJobAndThePeriodCanChange) {
   t.SetPeriod(Millis(1));
   t.Wake();  // ends the hour-long wait; the next ones take the new period
   EXPECT_TRUE(within([&] { return timed.load() >= 3; })) << "the new period did not apply";
+}
+
+std::string ThisThreadName() {
+  char name[16] = {};
+  pthread_getname_np(pthread_self(), name, sizeof(name));
+  return name;
+}
+
+// Ferry's threads carry names, cut to the kernel's 15 characters.
+TEST(ThreadNames, PoolsAndTickersNameTheirThreads) {
+  std::promise<std::string> pool_name, ticker_name;
+  {
+    ThreadPool pool(1, "test-pool-with-a-long-name");
+    pool.Post([&] { pool_name.set_value(ThisThreadName()); });
+    Ticker t("test-ticker", std::chrono::hours(1), [&](bool) {
+      static std::once_flag once;
+      std::call_once(once, [&] { ticker_name.set_value(ThisThreadName()); });
+    });
+    t.Start();
+    t.Wake();
+    EXPECT_EQ(ticker_name.get_future().get(), "test-ticker");
+  }
+  EXPECT_EQ(pool_name.get_future().get(), "test-pool-with-");
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/thread_name.h"
 #include "store/client/master_client.h"
 #include "store/master/master.h"
 #include "store/master/service.h"
@@ -409,7 +410,10 @@ Result<std::unique_ptr<Store>> Store::Create(StoreOptions options) {
   FERRY_ASSIGN_OR_RETURN(impl->engine, Engine::Create(options.engine));
   FERRY_ASSIGN_OR_RETURN(impl->client,
                          MasterClient::Connect(impl->master_address, options.rpc_timeout));
-  impl->rel_thread = std::thread([p = impl.get()] { p->ReleaseLoop(); });
+  impl->rel_thread = std::thread([p = impl.get()] {
+    NameThisThread("ferry-release");
+    p->ReleaseLoop();
+  });
   if (options.local_memory > 0) {
     store::NodeOptions no;
     no.master = impl->master_address;

@@ -25,7 +25,7 @@ uint64_t Bytes(const std::vector<Allocation>& replicas) {
 Master::Master(MasterOptions options) : options_(std::move(options)) {
   const int n = std::max(1, options_.shards);
   for (int i = 0; i < n; ++i) shards_.push_back(std::make_unique<Shard>());
-  ticker_ = std::make_unique<Ticker>(options_.tick, [this](bool) { Tick(); });
+  ticker_ = std::make_unique<Ticker>("ferry-master", options_.tick, [this](bool) { Tick(); });
   ticker_->Start();
 }
 

@@ -32,7 +32,8 @@ Result<std::unique_ptr<StoreNode>> StoreNode::Start(Engine& engine, const NodeOp
     if (wait_for_mount) return first;
     FERRY_LOG_WARN("node {}: first mount failed, retrying: {}", engine.name(), first.ToString());
   }
-  node->ticker_ = std::make_unique<Ticker>(node->period_, [n = node.get()](bool) { n->Tick(); });
+  node->ticker_ = std::make_unique<Ticker>("ferry-heartbeat", node->period_,
+                                           [n = node.get()](bool) { n->Tick(); });
   node->ticker_->Start();
   return node;
 }

@@ -253,7 +253,7 @@ class CudaIpcTransport : public Transport {
   TransportCaps caps_;
   // Shared with the imports, which may outlive the transport (see Adopt).
   const std::shared_ptr<ThreadPool> reaper_ =
-      ctx_.copier != nullptr ? std::make_shared<ThreadPool>(1) : nullptr;
+      ctx_.copier != nullptr ? std::make_shared<ThreadPool>(1, "ferry-ipc-reap") : nullptr;
 };
 
 }  // namespace

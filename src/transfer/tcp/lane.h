@@ -27,8 +27,8 @@ class Lane : public std::enable_shared_from_this<Lane> {
   struct Config {
     asio::ip::tcp::endpoint peer;
     std::string peer_name;
-    uint64_t epoch = 0;  // the epoch of the descriptor the tasks' addresses came from
-    int max_in_flight = 4;
+    uint64_t epoch = 0;     // the epoch of the descriptor the tasks' addresses came from
+    int max_in_flight = 4;  // doubled for requests to GPU memory: see Window()
     Millis connect_timeout{5000};
     Millis progress_timeout{30000};
   };
@@ -49,6 +49,7 @@ class Lane : public std::enable_shared_from_this<Lane> {
   void Kick();
   void Connect();
   void OnConnected(uint64_t gen);
+  size_t Window(const Task& t) const;
   void Pump();
   void ReadReply(uint64_t gen);
   void OnReply(uint64_t gen);
