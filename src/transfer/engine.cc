@@ -324,6 +324,8 @@ class Engine::Impl {
       seg->set_descriptor(std::move(desc));
       segments_[id] = seg;
     }
+    // The watch idles while it has no peer to follow: wake it to take this one.
+    if (seg->Watched()) watch_->Wake();
     PreConnectGpu(seg);
     return id;
   }
@@ -429,7 +431,8 @@ class Engine::Impl {
   // imports and page-locked mappings a change needs (R4) are made here within
   // about kWatchPeriod, or at once when a submit waits for it.
   // A peer that cannot be refetched (it died after a change) is tried again
-  // after kWatchBackoff, not every period, unless a submit waits.
+  // after kWatchBackoff, not every period, unless a submit waits. With no
+  // peer to follow it looks every kWatchIdle, so an idle engine stays asleep.
   void Watch(bool waited_for) {
     std::vector<std::shared_ptr<Segment>> segs;
     {
@@ -438,6 +441,8 @@ class Engine::Impl {
         if (!seg->is_self()) segs.push_back(seg);
       }
     }
+    const bool any = std::any_of(segs.begin(), segs.end(), [](auto& s) { return s->Watched(); });
+    watch_->SetPeriod(any ? kWatchPeriod : kWatchIdle);
     std::erase_if(retry_at_, [&](const auto& e) {
       return std::none_of(segs.begin(), segs.end(),
                           [&](const auto& seg) { return seg->id() == e.first; });
@@ -864,6 +869,7 @@ class Engine::Impl {
   std::atomic<uint64_t> next_serial_{1};  // RegionDesc::serial
   static constexpr Millis kWatchPeriod{2};
   static constexpr Millis kWatchBackoff{1000};
+  static constexpr Millis kWatchIdle{1000};
   std::unique_ptr<Ticker> watch_;  // runs Watch; woken by a submit that waits for it
   std::unordered_map<SegmentId, Clock::time_point> retry_at_;  // Watch's own
   bool has_gpu_ = false;

@@ -14,6 +14,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
@@ -509,6 +511,38 @@ TEST(TcpLanes, RequestsToGpuMemoryGetTwiceTheWindow) {
     EXPECT_EQ(target.requests(), want) << "remote 0x" << std::hex << remote;
     e.value().reset();  // fails the unanswered requests, so the batch ends now
   }
+}
+
+// Context switches of this process's threads named `name`.
+long ContextSwitches(const std::string& name) {
+  long total = 0;
+  for (const auto& t : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(t.path() / "comm");
+    std::string c;
+    if (!std::getline(comm, c) || c != name) continue;
+    std::ifstream status(t.path() / "status");
+    for (std::string line; std::getline(status, line);) {
+      if (line.find("ctxt_switches:") != std::string::npos) {
+        total += std::stol(line.substr(line.find(':') + 1));
+      }
+    }
+  }
+  return total;
+}
+
+// The watch sleeps while there is no same-host peer to follow, and looks
+// every few milliseconds once there is one.
+TEST(EngineLifecycle, TheWatchSleepsUntilThereIsAPeerToFollow) {
+  auto engine = Engine::Create({}).value();
+  std::this_thread::sleep_for(milliseconds(100));  // its first look finds nothing
+  long before = ContextSwitches("ferry-watch");
+  std::this_thread::sleep_for(milliseconds(500));
+  EXPECT_LE(ContextSwitches("ferry-watch") - before, 5);
+  auto target = Engine::Create({}).value();
+  ASSERT_TRUE(engine->OpenSegment(target->name()).ok());
+  before = ContextSwitches("ferry-watch");
+  std::this_thread::sleep_for(milliseconds(200));
+  EXPECT_GE(ContextSwitches("ferry-watch") - before, 20);
 }
 
 TEST(EngineLifecycle, CreateAndDestroyInALoop) {
