@@ -16,7 +16,9 @@ void Ticker::Start() {
   });
 }
 
-Ticker::~Ticker() {
+Ticker::~Ticker() { Stop(); }
+
+void Ticker::Stop() {
   {
     std::lock_guard lk(mu_);
     stopping_ = true;

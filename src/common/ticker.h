@@ -21,8 +21,13 @@ class Ticker {
   // `job(woken)`: woken is true when a Wake() asked for this run.
   // `name` names its thread (common/thread_name.h).
   Ticker(const char* name, Millis period, std::function<void(bool woken)> job);
+  // Stop()s.
   ~Ticker();
   void Start();
+  // Waits for a run under way, and runs the job no more. Owners call it before
+  // destroying the Ticker when the job reaches it through them: a unique_ptr
+  // being reset is already null while the destructor waits. Not from the job.
+  void Stop();
   Ticker(const Ticker&) = delete;
   Ticker& operator=(const Ticker&) = delete;
 

@@ -96,6 +96,7 @@ class Engine::Impl {
   explicit Impl(EngineOptions o) : options_(std::move(o)) {}
 
   ~Impl() {
+    if (watch_) watch_->Stop();  // its job reaches it through watch_
     watch_.reset();
     if (listener_) listener_->Stop();
     std::vector<std::shared_ptr<Endpoint>> eps;
@@ -179,9 +180,12 @@ class Engine::Impl {
     cfg.frame_timeout = options_.request_timeout;
     cfg.max_connections = static_cast<size_t>(env::GetInt("FERRY_MAX_CONNECTIONS", 1024));
     cfg.staging_bytes = options_.tcp_chunk_bytes;
-    // One peer's lanes, each with the doubled window of requests to GPU memory.
+    // One peer's lanes, each with the doubled window of requests to GPU memory
+    // as far as a connection can use it; 16 at least, 64 at most.
+    const size_t per_lane = std::min<size_t>(2 * static_cast<size_t>(options_.tcp_chunks_in_flight),
+                                             Listener::kMaxQueuedReplies);
     cfg.staging_buffers =
-        static_cast<size_t>(2 * options_.tcp_lanes * options_.tcp_chunks_in_flight);
+        std::clamp<size_t>(static_cast<size_t>(options_.tcp_lanes) * per_lane, 16, 64);
     cfg.landing = landing_pool_.get();
     auto l = Listener::Start(io_, cfg, registry_, copier_.get(),
                              [this] { return EncodeDescriptor(Describe()); });
@@ -636,8 +640,8 @@ class Engine::Impl {
       uint64_t slice = std::min<uint64_t>(transport->caps().max_task_bytes, relay_->slot_bytes());
       for (uint64_t off = 0; off < r.length; off += slice) {
         chunks.push_back({ep, r.op, static_cast<char*>(r.local) + off, sides.local >= 0,
-                          r.remote + off, std::min(slice, r.length - off),
-                          static_cast<uint32_t>(i)});
+                          r.remote + off, std::min(slice, r.length - off), static_cast<uint32_t>(i),
+                          sides.remote >= 0});
       }
       relayed.push_back(i);
       state->Plan(i, 1, transport->caps().kind);

@@ -58,7 +58,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
  private:
-  static constexpr size_t kMaxQueued = 8;
+  static constexpr size_t kMaxQueued = Listener::kMaxQueuedReplies;
 
   // A reply slot, reserved when its frame is read and filled when ready.
   struct Out {

@@ -33,6 +33,9 @@ class Copier;
 
 class Listener {
  public:
+  // Replies a connection may have pending before it reads no further frame.
+  static constexpr size_t kMaxQueuedReplies = 8;
+
   struct Config {
     std::string host;
     uint16_t port = 0;
@@ -41,7 +44,8 @@ class Listener {
     Millis frame_timeout{30000};
     // Connections beyond this are closed at once; env FERRY_MAX_CONNECTIONS.
     size_t max_connections = 1024;
-    // Pinned staging for GPU memory, made at start when there is a GPU.
+    // Pinned staging for GPU memory, made at start when there is a GPU. A
+    // connection holds at most kMaxQueuedReplies of them.
     size_t staging_buffers = 16;
     size_t staging_bytes = 512 << 10;
     // Where the copies of staging start: received staging landed in GPU

@@ -231,6 +231,7 @@ class StreamRelay::Core : public std::enable_shared_from_this<StreamRelay::Core>
       t.remote = c.remote;
       t.length = c.length;
       t.index = c.index;
+      t.gpu_remote = c.gpu_remote;
       t.deadline = deadline;
       t.batch = job->state;
       // A read staged here is read next by the stream's copy (see common/cache.h).

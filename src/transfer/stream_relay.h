@@ -40,7 +40,8 @@ class StreamRelay {
     bool staged = false;
     uint64_t remote = 0;
     uint64_t length = 0;
-    uint32_t index = 0;  // request index in the batch
+    uint32_t index = 0;       // request index in the batch
+    bool gpu_remote = false;  // as Task::gpu_remote
   };
 
   // Null (with a warning) when the slots cannot be allocated.

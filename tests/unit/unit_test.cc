@@ -278,9 +278,9 @@ TEST(ThreadNames, PoolsAndTickersNameTheirThreads) {
   {
     ThreadPool pool(1, "test-pool-with-a-long-name");
     pool.Post([&] { pool_name.set_value(ThisThreadName()); });
+    std::atomic<bool> named{false};
     Ticker t("test-ticker", std::chrono::hours(1), [&](bool) {
-      static std::once_flag once;
-      std::call_once(once, [&] { ticker_name.set_value(ThisThreadName()); });
+      if (!named.exchange(true)) ticker_name.set_value(ThisThreadName());
     });
     t.Start();
     t.Wake();

@@ -29,7 +29,10 @@ Master::Master(MasterOptions options) : options_(std::move(options)) {
   ticker_->Start();
 }
 
-Master::~Master() { ticker_.reset(); }
+Master::~Master() {
+  ticker_->Stop();
+  ticker_.reset();
+}
 
 Status Master::CheckKey(std::string_view key) {
   if (key.empty()) return Status(StatusCode::kInvalidArgument, "empty key");

@@ -39,6 +39,7 @@ Result<std::unique_ptr<StoreNode>> StoreNode::Start(Engine& engine, const NodeOp
 }
 
 StoreNode::~StoreNode() {
+  if (ticker_) ticker_->Stop();  // its job reaches it through ticker_
   ticker_.reset();
   if (mounted_) (void)client_->Unmount(engine_.name());
   for (auto [addr, size] : regions_) (void)engine_.FreeMemory(reinterpret_cast<void*>(addr));
