@@ -68,9 +68,9 @@ struct EngineOptions {
   int io_threads = 0;
   int copy_threads = 2;  // shm and local copy threads; env FERRY_COPY_THREADS
   // Threads that start the GPU copies of tcp staging (landing what a socket
-  // received, filling what a socket will send), so the socket threads make no
-  // CUDA calls and read on; env FERRY_LANDING_THREADS. 0: on the socket
-  // threads. -1: one per 4 cores, from 2 up to tcp_lanes.
+  // received; at a target, also filling a reply), so socket threads read on;
+  // env FERRY_LANDING_THREADS. 0: on the socket threads. -1: one per 4 cores,
+  // from 2 up to tcp_lanes.
   int landing_threads = -1;
   std::chrono::milliseconds request_timeout{30000};  // default deadline of a request
   std::chrono::milliseconds connect_timeout{5000};   // connects and descriptor fetches

@@ -165,11 +165,9 @@ class Engine::Impl {
     }
     FERRY_RETURN_IF_ERROR(MakeGenerationPage());
     copy_pool_ = std::make_unique<ThreadPool>(options_.copy_threads, "ferry-copy");
-    int landing = options_.landing_threads;
-    if (landing < 0) {
-      int cores = static_cast<int>(std::thread::hardware_concurrency());
-      landing = std::clamp(cores / 4, 2, std::max(2, options_.tcp_lanes));
-    }
+    const int landing = options_.landing_threads < 0
+                            ? OnePerFourCores(2, std::max(2, options_.tcp_lanes))
+                            : options_.landing_threads;
     if (has_gpu_ && landing > 0) {
       landing_pool_ = std::make_unique<ThreadPool>(landing, "ferry-landing");
     }
@@ -200,11 +198,8 @@ class Engine::Impl {
     for (const auto& reg : RegisteredTransports()) transports_.push_back(reg.factory(*ctx_));
     std::sort(transports_.begin(), transports_.end(),
               [](const auto& a, const auto& b) { return a->caps().priority < b->caps().priority; });
-    int io_threads = options_.io_threads;
-    if (io_threads <= 0) {
-      int cores = static_cast<int>(std::thread::hardware_concurrency());
-      io_threads = std::clamp(cores / 4, 1, options_.tcp_lanes);
-    }
+    const int io_threads =
+        options_.io_threads <= 0 ? OnePerFourCores(1, options_.tcp_lanes) : options_.io_threads;
     for (int i = 0; i < io_threads; ++i) {
       io_threads_.emplace_back([this] {
         NameThisThread("ferry-io");
@@ -379,6 +374,11 @@ class Engine::Impl {
       for (auto& ep : eps) ep->Close();
     }
     return Status::Ok();
+  }
+
+  // Thread counts that grow with the machine.
+  static int OnePerFourCores(int lo, int hi) {
+    return std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 4, lo, hi);
   }
 
   // By registration, not generation: the owner reads its generation before

@@ -251,14 +251,9 @@ TEST(BadInput, ConnectionsBeyondTheLimitAreRefusedAndTheRestServed) {
 
 TEST(BadInput, MalformedDescriptorReplyIsAProtocolError) {
   // A fake listener that answers GetDescriptor with a bad descriptor.
-  int lfd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-  socklen_t len = sizeof(a);
-  ASSERT_EQ(bind(lfd, reinterpret_cast<sockaddr*>(&a), len), 0);
-  ASSERT_EQ(listen(lfd, 1), 0);
-  getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  uint16_t port = 0;
+  int lfd = test::ListenOnLoopback(&port);
+  ASSERT_GE(lfd, 0);
   std::thread fake([lfd] {
     int fd = accept(lfd, nullptr, nullptr);
     uint8_t in[wire::kHeaderSize];
@@ -270,7 +265,7 @@ TEST(BadInput, MalformedDescriptorReplyIsAProtocolError) {
     close(fd);
   });
   auto e = MakeEngine();
-  auto s = e->OpenSegment("127.0.0.1:" + std::to_string(ntohs(a.sin_port)));
+  auto s = e->OpenSegment("127.0.0.1:" + std::to_string(port));
   fake.join();
   close(lfd);
   EXPECT_EQ(s.status().code(), StatusCode::kProtocolError) << s.status().ToString();

@@ -2,9 +2,7 @@
 // peer in another process (the local transport targets the engine itself).
 #include "ferry/engine.h"
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -407,15 +405,7 @@ class SilentTarget {
   static constexpr uint64_t kHost = 0x100000, kGpu = 0x10000000, kLen = 1 << 20;
 
   SilentTarget() {
-    lfd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    socklen_t len = sizeof(a);
-    bind(lfd_, reinterpret_cast<sockaddr*>(&a), len);
-    listen(lfd_, 8);
-    getsockname(lfd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
+    lfd_ = test::ListenOnLoopback(&port_);
     acceptor_ = std::thread([this] {
       for (int fd; (fd = accept(lfd_, nullptr, nullptr)) >= 0;) {
         fds_.push_back(fd);

@@ -1,5 +1,10 @@
 #include "integration/peer.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -8,6 +13,21 @@ namespace ferry::test {
 
 uint16_t Peer::port() const {
   return static_cast<uint16_t>(std::stoi(segment.substr(segment.rfind(':') + 1)));
+}
+
+int ListenOnLoopback(uint16_t* port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  socklen_t len = sizeof(a);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), len) != 0 || listen(fd, 16) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  *port = ntohs(a.sin_port);
+  return fd;
 }
 
 std::string FerryBin() {

@@ -19,6 +19,10 @@ struct Peer {
   uint16_t port() const;
 };
 
+// A socket listening on 127.0.0.1 at a free port, which goes to `port`; -1
+// when it cannot be had. For fake peers.
+int ListenOnLoopback(uint16_t* port);
+
 // The `ferry` binary: FERRY_BIN from the environment (binaries carried to
 // another machine), else the one built beside this test.
 std::string FerryBin();
