@@ -119,6 +119,10 @@ def test_transfers_between_processes(spawn_peer, protocol):
     assert te.get_first_buffer_address(target) == min(peer.buffers.values())
 
 
+# Looked up once: it imports torch and asks CUDA.
+_GPU_REASON = gpu_skip_reason()
+
+
 def _on_cuda_engine(spawn_peer):
     peer = spawn_peer("--api", "mooncake", "--transport", "tcp")
     te = TransferEngine()
@@ -126,7 +130,7 @@ def _on_cuda_engine(spawn_peer):
     return peer, te
 
 
-@pytest.mark.skipif(gpu_skip_reason() is not None, reason=str(gpu_skip_reason()))
+@pytest.mark.skipif(_GPU_REASON is not None, reason=str(_GPU_REASON))
 def test_on_cuda_forms_with_host_memory(spawn_peer):
     """Stream-ordered transfers of host memory, with a GPU: ordered on the stream
     by a signal and a wait (no host function)."""
@@ -137,7 +141,7 @@ def test_on_cuda_forms_with_host_memory(spawn_peer):
     assert peer.digest("numpy", 0, 4096) == sha(src)
 
 
-@pytest.mark.skipif(gpu_skip_reason() is None or bool(glob.glob("/dev/nvidia[0-9]*")),
+@pytest.mark.skipif(_GPU_REASON is None or bool(glob.glob("/dev/nvidia[0-9]*")),
                     reason="this host has a GPU: the refusal is for hosts without one")
 def test_on_cuda_refused_without_a_gpu(spawn_peer):
     """Without a GPU, stream-ordered transfers are refused up front with NotSupported."""

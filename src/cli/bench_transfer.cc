@@ -265,9 +265,9 @@ int RunInitiator(const BenchArgs& a) {
   int ref_streams = 0;
   // Over tcp, GPU memory included, the bound is the socket; otherwise the copy.
   if (served == "tcp") {
-    // The lanes, as the initiator's engine took them from the same variable.
-    ref_streams =
-        std::max(1, static_cast<int>(env::GetInt("FERRY_TCP_LANES", EngineOptions{}.tcp_lanes)));
+    // The lanes, as the initiator's engine took them from the same variable
+    // (engine.cc, ApplyEnv), which it has checked to be at least 1.
+    ref_streams = static_cast<int>(env::GetInt("FERRY_TCP_LANES", EngineOptions{}.tcp_lanes));
     ref_name = "tcp_streams";
     uint64_t peer_host_end = a.peer.rfind(':');
     ref = ReferenceTcp(a.peer.substr(0, peer_host_end), a.ref_port, op == Op::kWrite, total,

@@ -29,10 +29,7 @@ Master::Master(MasterOptions options) : options_(std::move(options)) {
   ticker_->Start();
 }
 
-Master::~Master() {
-  ticker_->Stop();
-  ticker_.reset();
-}
+Master::~Master() { ticker_.reset(); }
 
 Status Master::CheckKey(std::string_view key) {
   if (key.empty()) return Status(StatusCode::kInvalidArgument, "empty key");

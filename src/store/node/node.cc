@@ -9,7 +9,8 @@ StoreNode::StoreNode(Engine& engine, NodeOptions options, std::unique_ptr<Master
     : engine_(engine),
       options_(std::move(options)),
       client_(std::move(client)),
-      period_(options_.heartbeat) {}
+      ticker_(std::make_unique<Ticker>("ferry-heartbeat", options_.heartbeat,
+                                       [this](bool) { Tick(); })) {}
 
 Result<std::unique_ptr<StoreNode>> StoreNode::Start(Engine& engine, const NodeOptions& options,
                                                     bool wait_for_mount) {
@@ -32,14 +33,12 @@ Result<std::unique_ptr<StoreNode>> StoreNode::Start(Engine& engine, const NodeOp
     if (wait_for_mount) return first;
     FERRY_LOG_WARN("node {}: first mount failed, retrying: {}", engine.name(), first.ToString());
   }
-  node->ticker_ = std::make_unique<Ticker>("ferry-heartbeat", node->period_,
-                                           [n = node.get()](bool) { n->Tick(); });
   node->ticker_->Start();
   return node;
 }
 
 StoreNode::~StoreNode() {
-  if (ticker_) ticker_->Stop();  // its job reaches it through ticker_
+  ticker_->Stop();  // its job reaches it through ticker_
   ticker_.reset();
   if (mounted_) (void)client_->Unmount(engine_.name());
   for (auto [addr, size] : regions_) (void)engine_.FreeMemory(reinterpret_cast<void*>(addr));
@@ -57,8 +56,7 @@ Status StoreNode::MountOnce() {
   Status st = client_->Mount(engine_.name(), regions_, &ttl);
   if (!st.ok()) return st;
   // A third of the master's TTL at most; the ticker runs from Start on.
-  period_ = std::max(Millis(5), std::min(options_.heartbeat, ttl / 3));
-  if (ticker_) ticker_->SetPeriod(period_);
+  ticker_->SetPeriod(std::max(Millis(5), std::min(options_.heartbeat, ttl / 3)));
   mounted_ = true;
   FERRY_LOG_INFO("node {}: mounted {} regions at {}", engine_.name(), regions_.size(),
                  client_->address());

@@ -50,9 +50,9 @@ class StoreNode {
   std::unique_ptr<MasterClient> client_;
   std::vector<std::pair<uint64_t, uint64_t>> regions_;
   std::atomic<bool> mounted_{false};
-  Millis period_;
 
-  std::unique_ptr<Ticker> ticker_;  // runs Tick; reset first on destruction
+  // Runs Tick from Start on; stopped first on destruction.
+  std::unique_ptr<Ticker> ticker_;
 };
 
 }  // namespace ferry::store
