@@ -15,6 +15,13 @@
 // reused; once its reads are done a get ends its leases. Every network call
 // has a deadline.
 //
+// Attached (Store::Attach): the application runs no engine and opens no TCP
+// port. It talks to the `ferry node --socket PATH` of its host over a Unix
+// socket, and the node moves the bytes. Memory from AllocateBuffer is shared
+// with the node once (a memfd) and moved with no copy; any other memory goes
+// through a staging area shared with the node (one copy). When the node goes
+// away the call fails with ConnectionLost; the next call attaches again.
+//
 // Thread safety: every method may be called from any thread.
 #pragma once
 
@@ -73,6 +80,9 @@ struct StoreOptions {
   std::chrono::milliseconds lease{5000};
   std::chrono::milliseconds put_timeout{10000};
   std::chrono::milliseconds node_ttl{5000};
+  // Attached only: bytes of the staging area shared with the node, which bounds
+  // the values a Put/Get of memory outside AllocateBuffer can move at once.
+  uint64_t attach_staging = 64ull << 20;
   // Fault injection for tests: sleep this long between a get's lookup and its
   // read, as a slow reader would.
   std::chrono::milliseconds read_delay{0};
@@ -84,6 +94,37 @@ struct StoreBuffer {
   size_t size = 0;
 };
 
+// Memory from Store::AllocateBuffer: memfd-backed, mapped in this process.
+// The mapping lives as long as the last shared_ptr to it, even past the
+// Store; the Store's registration of it ends at UnregisterBuffer(data()) or
+// when the Store is destroyed.
+class StoreMemory {
+ public:
+  StoreMemory(int fd, void* data, size_t size) : fd_(fd), data_(data), size_(size) {}
+  ~StoreMemory();  // unmaps and closes the memfd
+  StoreMemory(const StoreMemory&) = delete;
+  StoreMemory& operator=(const StoreMemory&) = delete;
+
+  void* data() const { return data_; }
+  size_t size() const { return size_; }
+  int fd() const { return fd_; }
+  // A memfd of `size` bytes, mapped and with its pages populated.
+  static Result<std::shared_ptr<StoreMemory>> Create(size_t size);
+
+ private:
+  int fd_;
+  void* data_;
+  size_t size_;
+};
+
+// What the master knows of the whole store.
+struct StoreStats {
+  uint64_t capacity = 0;  // bytes contributed by mounted nodes
+  uint64_t used = 0;      // bytes allocated to objects (complete or being written)
+  uint64_t nodes = 0;
+  uint64_t objects = 0;   // complete or being written
+};
+
 class Store {
  public:
   // Keys are 1 to kMaxKeyBytes bytes.
@@ -93,12 +134,19 @@ class Store {
   // which must mount before this returns. Unavailable if the master cannot be
   // reached within rpc_timeout.
   static Result<std::unique_ptr<Store>> Create(StoreOptions options);
+  // Attaches to the `ferry node --socket` listening at `socket_path`. Uses
+  // options.rpc_timeout (the deadline of each call) and attach_staging; the
+  // rest is the node's. Unavailable if nothing listens there or the node
+  // refuses this process (its uid), with the node's reason.
+  static Result<std::unique_ptr<Store>> Attach(const std::string& socket_path,
+                                               StoreOptions options = {});
   // Unmounts the embedded node; objects with no other replica disappear.
   ~Store();
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
 
-  const std::string& segment() const;         // this process's engine name
+  // This process's engine name; attached: the node's.
+  const std::string& segment() const;
   const std::string& master_address() const;  // the master in use
 
   // Copies `value` into the store under a new key. AlreadyExists if the key is
@@ -116,6 +164,9 @@ class Store {
   // stay valid until UnregisterBuffer. AlreadyExists on overlap.
   Status RegisterBuffer(void* data, size_t size);
   Status UnregisterBuffer(void* data);
+  // Memory that is registered for PutFrom/GetInto as it is returned; attached,
+  // it is shared with the node, which then moves bytes with no copy.
+  Result<std::shared_ptr<StoreMemory>> AllocateBuffer(size_t size);
   // As Put/Get, on registered memory; InvalidArgument if the range is not
   // inside one registered buffer. GetInto returns the value's size and fails
   // with OutOfRange when `buffer` is smaller than the value.
@@ -128,6 +179,8 @@ class Store {
   Status Remove(std::string_view key, bool force = false);
   // Pins or unpins (StorePin::kNone) a complete object.
   Status Pin(std::string_view key, StorePin pin, std::chrono::milliseconds ttl = {});
+  // Capacity, use, nodes and objects, as the master counts them.
+  Result<StoreStats> Stats();
   // Locations of a complete object, granting a read lease that runs its full
   // term (ObjectLocation::lease): the space is not reused before it ends.
   Result<ObjectLocation> Locate(std::string_view key);

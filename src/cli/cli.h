@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ferry/status.h"
 
@@ -73,6 +74,8 @@ struct NodeArgs {
   uint64_t segment_size = 256ull << 20;
   int segments = 1;
   int64_t heartbeat_ms = 1000;
+  std::string socket;               // serve attached applications here, if set
+  std::vector<uint32_t> allow_uids;  // may attach besides this uid and root
 };
 int Node(const NodeArgs& args);
 

@@ -163,6 +163,10 @@ int main(int argc, char** argv) {
   n->add_option("--segments", na.segments, "Segments to contribute")->check(CLI::Range(1, 64));
   n->add_option("--heartbeat-ms", na.heartbeat_ms, "Heartbeat period")
       ->check(CLI::Range(int64_t{1}, int64_t{60000}));
+  n->add_option("--socket", na.socket,
+                "Serve the applications of this host on this Unix socket path (mode 0600)");
+  n->add_option("--allow-uid", na.allow_uids,
+                "A uid that may attach besides this one and root (repeatable)");
 
   BenchStoreArgs bs;
   std::string bs_value = "4MiB";

@@ -1,4 +1,5 @@
-// `ferry node`: contributes memory to the store until SIGTERM.
+// `ferry node`: contributes memory to the store until SIGTERM, and with
+// --socket serves the applications of its host.
 #include "store/node/node.h"
 
 #include <unistd.h>
@@ -7,6 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli.h"
+#include "store/client/core.h"
+#include "store/node/attach_server.h"
 
 namespace ferry::cli {
 
@@ -24,13 +27,40 @@ int Node(const NodeArgs& args) {
     std::fprintf(stderr, "ferry node: %s\n", node.status().ToString().c_str());
     return 1;
   }
+  // Attached applications: their operations run here, on this node's engine.
+  std::unique_ptr<store::MasterClient> client;
+  std::unique_ptr<store::StoreCore> core;
+  std::unique_ptr<store::AttachServer> server;
+  if (!args.socket.empty()) {
+    auto c = store::MasterClient::Connect(args.master, no.rpc_timeout);
+    if (!c.ok()) {
+      std::fprintf(stderr, "ferry node: %s\n", c.status().ToString().c_str());
+      return 1;
+    }
+    client = std::move(c).value();
+    core = std::make_unique<store::StoreCore>(*engine, *client, node.value().get(),
+                                              store::CoreOptions{});
+    store::AttachOptions ao;
+    ao.path = args.socket;
+    ao.allow_uids = args.allow_uids;
+    ao.master = args.master;
+    auto s = store::AttachServer::Start(*core, ao);
+    if (!s.ok()) {
+      std::fprintf(stderr, "ferry node: --socket: %s\n", s.status().ToString().c_str());
+      return 1;
+    }
+    server = std::move(s).value();
+  }
   nlohmann::json out = {{"segment", engine->name()},
                         {"master", args.master},
                         {"mounted", node.value()->mounted()},
                         {"pid", getpid()}};
+  if (server) out["socket"] = server->path();
   std::printf("%s\n", out.dump().c_str());
   std::fflush(stdout);
   WaitForStopSignal();
+  server.reset();
+  core.reset();
   node.value().reset();
   engine.reset();
   return 0;

@@ -8,7 +8,7 @@
 #include <set>
 #include <thread>
 
-#include "store/client/master_client.h"
+#include "store/rpc/master_client.h"
 #include "store_cluster.h"
 
 namespace ferry::test {

@@ -31,15 +31,7 @@ Master::Master(MasterOptions options) : options_(std::move(options)) {
 
 Master::~Master() { ticker_.reset(); }
 
-Status Master::CheckKey(std::string_view key) {
-  if (key.empty()) return Status(StatusCode::kInvalidArgument, "empty key");
-  if (key.size() > kMaxKeyBytes) {
-    return Status(StatusCode::kInvalidArgument, "key of " + std::to_string(key.size()) +
-                                                    " bytes; the limit is " +
-                                                    std::to_string(kMaxKeyBytes));
-  }
-  return Status::Ok();
-}
+Status Master::CheckKey(std::string_view key) { return store::CheckKey(key); }
 
 Master::Shard& Master::ShardOf(const std::string& key) {
   return *shards_[std::hash<std::string>{}(key) % shards_.size()];

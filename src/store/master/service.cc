@@ -7,7 +7,7 @@
 
 #include "common/log.h"
 #include "proto/store.grpc.pb.h"
-#include "store/proto_util.h"
+#include "store/rpc/proto_util.h"
 
 namespace ferry::store {
 namespace {
@@ -192,6 +192,18 @@ class Service final : public pb::Master::Service {
         }
         SetStatus(st, resp->add_results());
       }
+      return grpc::Status::OK;
+    });
+  }
+
+  grpc::Status Stats(grpc::ServerContext*, const pb::StatsRequest*,
+                     pb::StatsResponse* resp) override {
+    return Guard("Stats", [&] {
+      const MasterStats s = m_.Stats();
+      resp->set_capacity(s.space.capacity);
+      resp->set_used(s.space.used);
+      resp->set_nodes(s.space.nodes);
+      resp->set_objects(s.objects);
       return grpc::Status::OK;
     });
   }

@@ -9,6 +9,7 @@
 
 #include "ferry/status.h"
 #include "store/master/master.h"
+#include "store/rpc/limits.h"
 
 namespace ferry::store {
 
@@ -22,7 +23,7 @@ struct MasterServerOptions {
 class MasterServer {
  public:
   // Most items one request may carry.
-  static constexpr int kMaxBatch = 4096;
+  static constexpr int kMaxBatch = store::kMaxBatch;
 
   // Binds and starts serving. Unavailable when a port cannot be bound.
   static Result<std::unique_ptr<MasterServer>> Start(const MasterServerOptions& options);

@@ -13,6 +13,7 @@
 #include "common/clock.h"
 #include "ferry/status.h"
 #include "store/master/allocator.h"
+#include "store/rpc/limits.h"
 
 namespace ferry::store {
 
@@ -50,8 +51,8 @@ struct SpaceUsage {
 class Space {
  public:
   // Largest number of extents one replica may be split into.
-  static constexpr size_t kMaxExtents = 16;
-  static constexpr size_t kMaxRegions = 64;
+  static constexpr size_t kMaxExtents = store::kMaxExtents;
+  static constexpr size_t kMaxRegions = store::kMaxRegions;
 
   // Mounts `node`, replacing an earlier mount of the same name, whose
   // generation goes to *replaced (0 if none). InvalidArgument for empty,

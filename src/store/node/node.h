@@ -12,7 +12,7 @@
 #include "common/clock.h"
 #include "common/ticker.h"
 #include "ferry/engine.h"
-#include "store/client/master_client.h"
+#include "store/rpc/master_client.h"
 
 namespace ferry::store {
 

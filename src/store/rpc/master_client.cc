@@ -1,10 +1,10 @@
-#include "store/client/master_client.h"
+#include "store/rpc/master_client.h"
 
 #include <grpcpp/grpcpp.h>
 
 #include "proto/store.grpc.pb.h"
-#include "store/master/service.h"
-#include "store/proto_util.h"
+#include "store/rpc/limits.h"
+#include "store/rpc/proto_util.h"
 
 namespace ferry::store {
 namespace {
@@ -12,7 +12,7 @@ namespace {
 namespace pb = ::ferry::store::v1;
 
 // Most extents one replica may have, as the master's allocator promises.
-constexpr int kMaxExtents = static_cast<int>(Space::kMaxExtents);
+constexpr int kMaxReplicaExtents = static_cast<int>(kMaxExtents);
 constexpr int kMaxReplicas = 64;
 
 Status FromGrpc(const grpc::Status& st, const char* call) {
@@ -42,7 +42,7 @@ Result<std::vector<StoreReplica>> ReadReplicas(
   }
   std::vector<StoreReplica> out;
   for (const auto& r : in) {
-    if (r.extents().empty() || r.extents_size() > kMaxExtents) {
+    if (r.extents().empty() || r.extents_size() > kMaxReplicaExtents) {
       return Status(StatusCode::kProtocolError, "master sent a replica with bad extents");
     }
     StoreReplica rep;
@@ -172,8 +172,8 @@ template <typename T, typename F>
 static Result<std::vector<T>> Chunked(size_t n, F&& call) {
   std::vector<T> out;
   out.reserve(n);
-  for (size_t first = 0; first < n; first += MasterServer::kMaxBatch) {
-    const size_t count = std::min<size_t>(MasterServer::kMaxBatch, n - first);
+  for (size_t first = 0; first < n; first += kMaxBatch) {
+    const size_t count = std::min<size_t>(kMaxBatch, n - first);
     FERRY_ASSIGN_OR_RETURN(auto part, call(first, count));
     for (auto& x : part) out.push_back(std::move(x));
   }
@@ -302,6 +302,14 @@ Result<std::vector<Status>> MasterClient::Pin(const std::vector<std::string>& ke
         it->set_ttl_ms(static_cast<uint64_t>(ttl.count()));
       },
       &pb::Master::Stub::Pin);
+}
+
+Result<StoreStats> MasterClient::Stats() {
+  pb::StatsRequest req;
+  pb::StatsResponse resp;
+  auto ctx = Context(impl_->timeout);
+  FERRY_RETURN_IF_ERROR(FromGrpc(impl_->stub->Stats(ctx.get(), req, &resp), "Stats"));
+  return StoreStats{resp.capacity(), resp.used(), resp.nodes(), resp.objects()};
 }
 
 }  // namespace ferry::store

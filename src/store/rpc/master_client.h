@@ -69,6 +69,7 @@ class MasterClient {
   Result<std::vector<Status>> Exists(const std::vector<std::string>& keys);
   Result<std::vector<Status>> Remove(const std::vector<std::string>& keys, bool force);
   Result<std::vector<Status>> Pin(const std::vector<std::string>& keys, StorePin pin, Millis ttl);
+  Result<StoreStats> Stats();
 
   class Impl;
 

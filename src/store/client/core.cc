@@ -1,0 +1,414 @@
+#include "store/client/core.h"
+
+#include <cstring>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/thread_name.h"
+#include "store/master/master.h"
+#include "store/node/node.h"
+
+namespace ferry::store {
+namespace {
+
+// The keys that pass Master::CheckKey, to send to the master: ask[j] is
+// keys[index[j]].
+struct ValidKeys {
+  std::vector<std::string> ask;
+  std::vector<size_t> index;
+};
+
+// Checks every key, each one's status into (*st)[i] (resized to the keys).
+ValidKeys CheckKeys(std::span<const std::string> keys, std::vector<Status>* st) {
+  ValidKeys v;
+  st->resize(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    (*st)[i] = Master::CheckKey(keys[i]);
+    if ((*st)[i].ok()) {
+      v.ask.push_back(keys[i]);
+      v.index.push_back(i);
+    }
+  }
+  return v;
+}
+
+// Validates the keys here, sends the valid ones in one master call, and maps
+// the answers back: one status per key, in order.
+template <typename F>
+std::vector<Status> KeyCall(std::span<const std::string> keys, F&& call) {
+  std::vector<Status> out;
+  const auto [ask, index] = CheckKeys(keys, &out);
+  if (ask.empty()) return out;
+  Result<std::vector<Status>> r = call(ask);
+  for (size_t j = 0; j < ask.size(); ++j) out[index[j]] = r.ok() ? r.value()[j] : r.status();
+  return out;
+}
+
+// One engine batch over `reqs`; per-request outcome into `out` (OK or the
+// error). Requests not done by `deadline` fail with Timeout.
+void RunBatch(Engine& engine, const std::vector<Request>& reqs, Deadline deadline,
+              std::vector<Status>* out) {
+  out->assign(reqs.size(), Status::Ok());
+  if (reqs.empty()) return;
+  auto left = std::max(Millis(1), std::chrono::duration_cast<Millis>(deadline.Remaining()));
+  auto batch = engine.Submit(reqs, left);
+  if (!batch.ok()) {
+    out->assign(reqs.size(), batch.status());
+    return;
+  }
+  (void)batch.value()->Wait(left + Millis(100));
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    RequestResult r = batch.value()->Result(i);
+    if (!r.done) {
+      (*out)[i] = Status(StatusCode::kTimeout, "transfer not done before the deadline");
+    } else if (!r.status.ok()) {
+      (*out)[i] = r.status;
+    }
+  }
+  // Freeing the batch cancels what is left and waits until no buffer is touched.
+}
+
+}  // namespace
+
+StoreCore::StoreCore(Engine& engine, MasterClient& client, StoreNode* node, CoreOptions options)
+    : engine_(engine), client_(client), node_(node), options_(options) {
+  rel_thread_ = std::thread([this] {
+    NameThisThread("ferry-release");
+    ReleaseLoop();
+  });
+}
+
+StoreCore::~StoreCore() {
+  {
+    std::lock_guard lock(rel_mu_);
+    rel_stop_ = true;
+  }
+  rel_cv_.notify_all();
+  rel_thread_.join();
+}
+
+void StoreCore::QueueReleases(std::vector<std::pair<std::string, uint64_t>> leases) {
+  {
+    std::lock_guard lock(rel_mu_);
+    for (auto& l : leases) rel_queue_.push_back(std::move(l));
+  }
+  rel_cv_.notify_one();
+}
+
+// Sends every queued release; best effort, since leases end anyway.
+void StoreCore::FlushReleases() {
+  std::lock_guard send(rel_send_mu_);
+  std::vector<std::pair<std::string, uint64_t>> batch;
+  {
+    std::lock_guard lock(rel_mu_);
+    batch.swap(rel_queue_);
+  }
+  if (batch.empty()) return;
+  auto r = client_.ReleaseLeases(batch);
+  if (!r.ok()) FERRY_LOG_WARN("store: ending {} leases: {}", batch.size(), r.status().ToString());
+}
+
+void StoreCore::ReleaseLoop() {
+  std::unique_lock lock(rel_mu_);
+  while (!rel_stop_ || !rel_queue_.empty()) {
+    rel_cv_.wait_for(lock, Millis(1000), [this] { return rel_stop_ || !rel_queue_.empty(); });
+    lock.unlock();
+    FlushReleases();
+    lock.lock();
+  }
+}
+
+Result<SegmentId> StoreCore::Segment(const std::string& name) {
+  {
+    std::lock_guard lock(seg_mu_);
+    auto it = segments_.find(name);
+    if (it != segments_.end()) return it->second;
+  }
+  FERRY_ASSIGN_OR_RETURN(SegmentId id, engine_.OpenSegment(name));
+  std::lock_guard lock(seg_mu_);
+  auto [it, added] = segments_.emplace(name, id);
+  if (!added) (void)engine_.CloseSegment(id);  // another thread opened it meanwhile
+  return it->second;
+}
+
+Status StoreCore::Register(void* data, size_t size) {
+  FERRY_RETURN_IF_ERROR(engine_.RegisterMemory(data, size));
+  std::lock_guard lock(buf_mu_);
+  buffers_[reinterpret_cast<uint64_t>(data)] = size;
+  return Status::Ok();
+}
+
+Status StoreCore::Unregister(void* data) {
+  FERRY_RETURN_IF_ERROR(engine_.UnregisterMemory(data));
+  std::lock_guard lock(buf_mu_);
+  buffers_.erase(reinterpret_cast<uint64_t>(data));
+  return Status::Ok();
+}
+
+bool StoreCore::Registered(const void* p, size_t n) {
+  const auto a = reinterpret_cast<uint64_t>(p);
+  std::lock_guard lock(buf_mu_);
+  auto it = buffers_.upper_bound(a);
+  if (it == buffers_.begin()) return false;
+  --it;
+  return a - it->first <= it->second && n <= it->second - (a - it->first);
+}
+
+bool StoreCore::Local(const StoreExtent& e) const {
+  return node_ != nullptr && e.segment == engine_.name() && node_->Owns(e.addr, e.length);
+}
+
+std::vector<Status> StoreCore::Put(std::span<const std::string> keys,
+                                   std::span<const Source> values, const PutOptions& po,
+                                   std::vector<Status> out) {
+  out.resize(keys.size());
+  if (values.size() != keys.size()) {
+    out.assign(keys.size(),
+               Status(StatusCode::kInvalidArgument, "keys and values differ in count"));
+    return out;
+  }
+  std::vector<PutRequestItem> items;
+  std::vector<size_t> index;  // items[j] is keys[index[j]]
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!out[i].ok()) continue;
+    out[i] = Master::CheckKey(keys[i]);
+    if (out[i].ok() && (values[i].size == 0 || values[i].data == nullptr)) {
+      out[i] = Status(StatusCode::kInvalidArgument, "empty value");
+    }
+    if (!out[i].ok()) continue;
+    PutRequestItem it;
+    it.key = keys[i];
+    it.size = values[i].size;
+    it.replicas = po.replicas == 0 ? options_.replicas : po.replicas;
+    it.preferred = po.preferred_segment;
+    it.pin = po.pin;
+    it.pin_ttl = po.pin_ttl;
+    items.push_back(std::move(it));
+    index.push_back(i);
+  }
+  if (items.empty()) return out;
+  const auto t0 = Clock::now();
+  const bool prefer_local = options_.prefer_local && node_ != nullptr;
+  auto grants = client_.PutBegin(items, prefer_local ? engine_.name() : "", prefer_local);
+  if (!grants.ok()) {
+    for (size_t i : index) out[i] = grants.status();
+    return out;
+  }
+  auto& g = grants.value();
+  // Every replica's bytes: copied here for this process's memory, else one
+  // engine batch for all.
+  std::vector<Request> reqs;
+  std::vector<size_t> owner;
+  Clock::time_point end = Clock::time_point::max();  // the first put timeout
+  for (size_t j = 0; j < items.size(); ++j) {
+    Status& st = out[index[j]];
+    st = g[j].status;
+    if (!st.ok()) continue;
+    end = std::min(end, t0 + g[j].timeout);
+    const Source& src = values[index[j]];
+    for (const auto& rep : g[j].replicas) {
+      uint64_t off = 0;
+      for (const auto& e : rep.extents) {
+        if (Local(e)) {
+          std::memcpy(reinterpret_cast<void*>(e.addr), src.data + off, e.length);
+        } else if (auto seg = Segment(e.segment); !seg.ok()) {
+          st = seg.status();
+        } else {
+          reqs.push_back(
+              {Op::kWrite, const_cast<uint8_t*>(src.data + off), seg.value(), e.addr, e.length});
+          owner.push_back(j);
+        }
+        off += e.length;
+      }
+    }
+  }
+  std::vector<Status> moved;
+  RunBatch(engine_, reqs, Deadline(end), &moved);
+  for (size_t r = 0; r < reqs.size(); ++r) {
+    Status& st = out[index[owner[r]]];
+    if (st.ok() && !moved[r].ok()) st = moved[r];
+  }
+  // Commit what arrived everywhere, abort the rest: all or nothing per value.
+  std::vector<PutEndItem> ends;
+  std::vector<size_t> end_index;
+  for (size_t j = 0; j < items.size(); ++j) {
+    if (!g[j].status.ok()) continue;
+    ends.push_back({items[j].key, g[j].put_id, out[index[j]].ok()});
+    end_index.push_back(index[j]);
+  }
+  if (ends.empty()) return out;
+  auto ended = client_.PutEnd(ends);
+  for (size_t k = 0; k < ends.size(); ++k) {
+    Status& st = out[end_index[k]];
+    if (!ends[k].commit) continue;
+    st = ended.ok() ? ended.value()[k] : ended.status();
+  }
+  return out;
+}
+
+std::vector<Result<size_t>> StoreCore::Get(std::span<const std::string> keys,
+                                           std::span<Sink> sinks) {
+  std::vector<Status> st;
+  const auto [ask, index] = CheckKeys(keys, &st);
+  std::vector<uint64_t> sizes(keys.size(), 0);
+  const auto t0 = Clock::now();
+  std::vector<GetItem> found;
+  if (!ask.empty()) {
+    auto r = client_.Get(ask);
+    if (!r.ok()) {
+      for (size_t i : index) st[i] = r.status();
+    } else {
+      found = std::move(r).value();
+    }
+  }
+  // Replica order per item: one in this process first.
+  std::vector<std::vector<size_t>> order(found.size());
+  std::vector<uint8_t*> dst(found.size(), nullptr);
+  Clock::time_point lease_end = Clock::time_point::max();  // the first lease to end
+  for (size_t j = 0; j < found.size(); ++j) {
+    const size_t i = index[j];
+    st[i] = found[j].status;
+    if (!st[i].ok()) continue;
+    const ObjectLocation& loc = found[j].location;
+    sizes[i] = loc.size;
+    Sink& s = sinks[i];
+    s.size = loc.size;
+    if (s.vec != nullptr) {
+      try {
+        s.vec->resize(loc.size);
+      } catch (const std::bad_alloc&) {
+        st[i] = Status(StatusCode::kResourceExhausted,
+                       "cannot allocate " + std::to_string(loc.size) + " bytes for the value");
+        continue;
+      }
+      dst[j] = s.vec->data();
+    } else if (s.pack != nullptr) {
+      if (s.pack->cap - s.pack->used < loc.size) {
+        st[i] = Status(StatusCode::kOutOfRange, "no room left for the value's " +
+                                                    std::to_string(loc.size) + " bytes");
+        continue;
+      }
+      s.buf = dst[j] = s.pack->base + s.pack->used;
+      s.pack->used += loc.size;
+    } else if (s.cap < loc.size) {
+      st[i] =
+          Status(StatusCode::kOutOfRange, "buffer of " + std::to_string(s.cap) +
+                                              " bytes; the value has " + std::to_string(loc.size));
+      continue;
+    } else {
+      dst[j] = s.buf;
+    }
+    lease_end = std::min(lease_end, t0 + loc.lease);
+    for (size_t r = 0; r < loc.replicas.size(); ++r) {
+      const bool local = Local(loc.replicas[r].extents.front());
+      if (local) {
+        order[j].insert(order[j].begin(), r);
+      } else {
+        order[j].push_back(r);
+      }
+    }
+  }
+  const Deadline deadline(lease_end);
+  if (options_.read_delay.count() > 0) std::this_thread::sleep_for(options_.read_delay);
+  // Rounds: each item reads its next replica until one succeeds.
+  std::vector<size_t> pending;
+  for (size_t j = 0; j < found.size(); ++j) {
+    if (!st[index[j]].ok()) continue;
+    if (deadline.Expired()) {
+      st[index[j]] = Status(StatusCode::kTimeout, "the lease ended before the read began");
+    } else {
+      pending.push_back(j);
+    }
+  }
+  for (size_t round = 0; !pending.empty(); ++round) {
+    std::vector<Request> reqs;
+    std::vector<size_t> owner;
+    std::vector<Status> item(found.size());
+    for (size_t j : pending) {
+      const StoreReplica& rep = found[j].location.replicas[order[j][round]];
+      uint64_t off = 0;
+      for (const auto& e : rep.extents) {
+        if (Local(e)) {
+          std::memcpy(dst[j] + off, reinterpret_cast<const void*>(e.addr), e.length);
+        } else if (auto seg = Segment(e.segment); !seg.ok()) {
+          item[j] = seg.status();
+        } else {
+          reqs.push_back({Op::kRead, dst[j] + off, seg.value(), e.addr, e.length});
+          owner.push_back(j);
+        }
+        off += e.length;
+      }
+    }
+    std::vector<Status> moved;
+    RunBatch(engine_, reqs, deadline, &moved);
+    for (size_t r = 0; r < reqs.size(); ++r) {
+      if (item[owner[r]].ok() && !moved[r].ok()) item[owner[r]] = moved[r];
+    }
+    std::vector<size_t> next;
+    for (size_t j : pending) {
+      if (item[j].ok()) continue;
+      if (round + 1 < order[j].size() && !deadline.Expired()) {
+        next.push_back(j);
+      } else {
+        st[index[j]] = item[j];
+      }
+    }
+    pending = std::move(next);
+  }
+  // The lease is what kept the bytes from being reused while we read them.
+  const bool late = deadline.Expired();
+  // Done reading: end the leases soon rather than at their term, so that the
+  // space can be evicted or the key removed.
+  std::vector<std::pair<std::string, uint64_t>> leases;
+  for (size_t j = 0; j < found.size(); ++j) {
+    if (found[j].status.ok()) leases.emplace_back(keys[index[j]], found[j].lease_id);
+  }
+  if (!leases.empty()) QueueReleases(std::move(leases));
+  std::vector<Result<size_t>> out;
+  out.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (st[i].ok() && late) {
+      st[i] = Status(StatusCode::kTimeout,
+                     "the read outlived its lease; the bytes may have been reused");
+    }
+    out.push_back(st[i].ok() ? Result<size_t>(sizes[i]) : Result<size_t>(st[i]));
+  }
+  return out;
+}
+
+std::vector<Status> StoreCore::Exists(std::span<const std::string> keys) {
+  return KeyCall(keys, [&](const std::vector<std::string>& k) { return client_.Exists(k); });
+}
+
+std::vector<Status> StoreCore::Remove(std::span<const std::string> keys, bool force) {
+  FlushReleases();  // this core's finished reads no longer hold the keys
+  return KeyCall(keys,
+                 [&](const std::vector<std::string>& k) { return client_.Remove(k, force); });
+}
+
+std::vector<Status> StoreCore::Pin(std::span<const std::string> keys, StorePin pin,
+                                   std::chrono::milliseconds ttl) {
+  return KeyCall(keys,
+                 [&](const std::vector<std::string>& k) { return client_.Pin(k, pin, ttl); });
+}
+
+std::vector<Result<ObjectLocation>> StoreCore::Locate(std::span<const std::string> keys) {
+  std::vector<Status> st;
+  const auto [ask, index] = CheckKeys(keys, &st);
+  // The valid keys' results are all set from the master's answer below.
+  std::vector<Result<ObjectLocation>> out(st.begin(), st.end());
+  if (ask.empty()) return out;
+  auto r = client_.Get(ask);
+  for (size_t j = 0; j < ask.size(); ++j) {
+    if (!r.ok()) {
+      out[index[j]] = r.status();
+    } else if (!r.value()[j].status.ok()) {
+      out[index[j]] = r.value()[j].status;
+    } else {
+      out[index[j]] = std::move(r.value()[j].location);
+    }
+  }
+  return out;
+}
+
+}  // namespace ferry::store

@@ -1,0 +1,116 @@
+// The store's operations on top of an engine and a master: what an embedded
+// Store runs in the application, and what a node runs for the applications
+// attached to it. Puts write every replica through the engine (or by memcpy
+// into `node`'s own memory) and commit at the master; gets read one replica
+// under a read lease and end the lease off the caller's path. Thread safe.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "ferry/engine.h"
+#include "ferry/store.h"
+#include "store/rpc/master_client.h"
+
+namespace ferry::store {
+
+class StoreNode;
+
+// A value to put: `size` bytes at `data`.
+struct Source {
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+};
+
+// A region that values are packed into, one after another, as they arrive.
+struct Pack {
+  uint8_t* base = nullptr;
+  size_t cap = 0;
+  size_t used = 0;
+};
+
+// Where a get puts a value: a vector sized on arrival, a caller buffer of
+// `cap` bytes, or the next free bytes of `pack` (then `buf` is set to them;
+// OutOfRange when they are too few).
+struct Sink {
+  std::vector<uint8_t>* vec = nullptr;
+  uint8_t* buf = nullptr;
+  size_t cap = 0;
+  Pack* pack = nullptr;
+  size_t size = 0;  // set by Get to the value's size whenever the key was found
+};
+
+struct CoreOptions {
+  uint32_t replicas = 1;     // when PutOptions::replicas is 0
+  bool prefer_local = true;  // first copy in `node` when it fits
+  std::chrono::milliseconds read_delay{0};  // fault injection: lookup-to-read pause
+};
+
+class StoreCore {
+ public:
+  // `engine`, `client` and `node` (null: none in this process) outlive the core.
+  StoreCore(Engine& engine, MasterClient& client, StoreNode* node, CoreOptions options);
+  // Sends the leases still to end, then stops.
+  ~StoreCore();
+  StoreCore(const StoreCore&) = delete;
+  StoreCore& operator=(const StoreCore&) = delete;
+
+  // One result per key, in order. `pre` may arrive with items already failed;
+  // those are skipped. Sources need not be registered: local replicas are
+  // copied by memcpy, remote ones must be reachable by the engine.
+  std::vector<Status> Put(std::span<const std::string> keys, std::span<const Source> values,
+                          const PutOptions& options, std::vector<Status> pre = {});
+  // Sizes of the values read into `sinks` (one per key).
+  std::vector<Result<size_t>> Get(std::span<const std::string> keys, std::span<Sink> sinks);
+  std::vector<Status> Exists(std::span<const std::string> keys);
+  std::vector<Status> Remove(std::span<const std::string> keys, bool force);
+  std::vector<Status> Pin(std::span<const std::string> keys, StorePin pin,
+                          std::chrono::milliseconds ttl);
+  std::vector<Result<ObjectLocation>> Locate(std::span<const std::string> keys);
+  Result<StoreStats> Stats() { return client_.Stats(); }
+
+  // Memory the engine may move straight to and from (RegisterMemory), and
+  // that Registered then accepts.
+  Status Register(void* data, size_t size);
+  Status Unregister(void* data);
+  bool Registered(const void* data, size_t size);
+
+  Engine& engine() { return engine_; }
+
+ private:
+  Result<SegmentId> Segment(const std::string& name);
+  bool Local(const StoreExtent& e) const;
+  void QueueReleases(std::vector<std::pair<std::string, uint64_t>> leases);
+  void FlushReleases();
+  void ReleaseLoop();
+
+  Engine& engine_;
+  MasterClient& client_;
+  StoreNode* const node_;
+  const CoreOptions options_;
+
+  std::mutex seg_mu_;
+  std::unordered_map<std::string, SegmentId> segments_;  // guarded by seg_mu_
+  std::mutex buf_mu_;
+  std::map<uint64_t, uint64_t> buffers_;  // registered ranges; guarded by buf_mu_
+
+  // Leases of finished gets are ended by a background thread, off the get's
+  // path; a remove sends the pending ones first.
+  std::mutex rel_mu_;
+  std::condition_variable rel_cv_;
+  std::vector<std::pair<std::string, uint64_t>> rel_queue_;  // guarded by rel_mu_
+  bool rel_stop_ = false;                                     // guarded by rel_mu_
+  std::mutex rel_send_mu_;  // held while sending, so a flush waits for a send in flight
+  std::thread rel_thread_;
+};
+
+}  // namespace ferry::store

@@ -1,0 +1,472 @@
+#include "store/node/attach_server.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <map>
+#include <random>
+
+#include "common/bytes.h"
+#include "common/log.h"
+#include "common/thread_name.h"
+#include "store/client/core.h"
+#include "store/rpc/attach_wire.h"
+
+namespace ferry::store {
+namespace {
+
+using attach::Frame;
+using attach::Type;
+
+// A client's memfd, mapped here and registered with the node's engine until
+// the last operation holding it ends.
+struct Mapping {
+  StoreCore& core;
+  uint8_t* data;
+  size_t size;
+  ~Mapping() {
+    (void)core.Unregister(data);
+    munmap(data, size);
+  }
+};
+
+Status Bad(const std::string& what) { return Status(StatusCode::kInvalidArgument, what); }
+
+// Maps a client's memfd of `size` bytes: it must be a memfd that cannot
+// shrink under the mapping, and at least that large.
+Result<uint8_t*> MapClientMemfd(int fd, uint64_t size) {
+  if (size == 0 || size > (1ull << 40)) return Bad("a buffer needs 1 byte to 1 TiB");
+  struct stat sb {};
+  if (fstat(fd, &sb) != 0) return Status::FromErrno(errno, "fstat");
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (!S_ISREG(sb.st_mode) || seals < 0) return Bad("the file descriptor is not a memfd");
+  if ((seals & F_SEAL_SHRINK) == 0) {
+    return Bad("the memfd is not sealed against shrinking (F_SEAL_SHRINK)");
+  }
+  if (static_cast<uint64_t>(sb.st_size) < size) {
+    return Bad("the memfd has " + std::to_string(sb.st_size) + " bytes, not the " +
+               std::to_string(size) + " claimed");
+  }
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (p == MAP_FAILED) return Status::FromErrno(errno, "mmap of a client's memfd");
+  return static_cast<uint8_t*>(p);
+}
+
+void PutStatus(ByteWriter& w, const Status& st) {
+  w.U8(static_cast<uint8_t>(st.code()));
+  w.Str(st.ok() ? std::string_view() : std::string_view(st.message()).substr(0, attach::kMaxMessage));
+}
+
+// One attached client: its buffers and its requests, served in order.
+class Session {
+ public:
+  Session(StoreCore& core, const AttachOptions& o, uint64_t instance, int fd)
+      : core_(core), o_(o), instance_(instance), fd_(fd) {}
+
+  void Run(bool admitted, const std::string& refusal);
+
+ private:
+  // Handles one request: OK with the reply payload, or the call's status
+  // (ProtocolError closes the connection).
+  Status Handle(const Frame& f, std::vector<uint8_t>* reply);
+  Status Register(int fd, ByteReader& r, ByteWriter& w);
+  Status Put(ByteReader& r, ByteWriter& w);
+  Status Get(ByteReader& r, ByteWriter& w);
+  Status KeyOp(Type type, ByteReader& r, ByteWriter& w);
+  Status Locate(ByteReader& r, ByteWriter& w);
+  // The client memory [off, off+len) of buffer `id`, or null.
+  uint8_t* Resolve(uint32_t id, uint64_t off, uint64_t len) const;
+  std::vector<std::string> Keys(ByteReader& r, uint32_t n);
+
+  StoreCore& core_;
+  const AttachOptions& o_;
+  const uint64_t instance_;
+  const int fd_;
+  uint32_t next_id_ = 1;
+  std::map<uint32_t, std::shared_ptr<Mapping>> buffers_;
+};
+
+Status CountOf(ByteReader& r, uint32_t* n) {
+  *n = r.U32();
+  if (!r.ok() || *n == 0 || *n > attach::kMaxItems) {
+    return Status(StatusCode::kProtocolError,
+                  "a request needs 1 to " + std::to_string(attach::kMaxItems) + " items");
+  }
+  return Status::Ok();
+}
+
+std::vector<std::string> Session::Keys(ByteReader& r, uint32_t n) {
+  std::vector<std::string> keys;
+  keys.reserve(n);
+  for (uint32_t i = 0; i < n && r.ok(); ++i) keys.push_back(r.Str(Store::kMaxKeyBytes));
+  return keys;
+}
+
+uint8_t* Session::Resolve(uint32_t id, uint64_t off, uint64_t len) const {
+  auto it = buffers_.find(id);
+  if (it == buffers_.end()) return nullptr;
+  const Mapping& m = *it->second;
+  if (off > m.size || len > m.size - off) return nullptr;
+  return m.data + off;
+}
+
+void Session::Run(bool admitted, const std::string& refusal) {
+  // The first frame must be a Hello, within the handshake timeout.
+  auto hello = attach::Receive(fd_, Deadline::After(o_.handshake_timeout), o_.frame_timeout);
+  if (!hello.ok() || hello.value().type != Type::kHello || hello.value().code != StatusCode::kOk) {
+    if (hello.ok() && hello.value().fd >= 0) close(hello.value().fd);
+    FERRY_LOG_WARN("attach {}: closing a client without a valid Hello: {}", o_.path,
+                   hello.ok() ? "wrong first message" : hello.status().ToString());
+    return;
+  }
+  if (hello.value().fd >= 0) close(hello.value().fd);
+  const Deadline send_by = Deadline::After(o_.frame_timeout);
+  if (!admitted) {
+    (void)attach::Send(fd_, Type::kHello, hello.value().id, 0, StatusCode::kUnavailable,
+                       attach::MessagePayload(Status(StatusCode::kUnavailable, refusal)), send_by);
+    return;
+  }
+  std::vector<uint8_t> out;
+  ByteWriter w(&out);
+  w.Str(core_.engine().name());
+  w.Str(o_.master);
+  w.U64(instance_);
+  w.U32(attach::kMaxPayload);
+  if (!attach::Send(fd_, Type::kHello, hello.value().id, 0, StatusCode::kOk, out, send_by).ok()) {
+    return;
+  }
+  for (;;) {
+    // An attached client may be idle for as long as it likes.
+    auto f = attach::Receive(fd_, Deadline(), o_.frame_timeout);
+    if (!f.ok()) {
+      if (f.status().code() != StatusCode::kConnectionLost) {
+        FERRY_LOG_WARN("attach {}: closing a client: {}", o_.path, f.status().ToString());
+      }
+      return;
+    }
+    const Frame& req = f.value();
+    std::vector<uint8_t> reply;
+    Status st = Status(StatusCode::kProtocolError, "a request carries status code 0");
+    if (req.code == StatusCode::kOk) st = Handle(req, &reply);
+    if (req.fd >= 0) close(req.fd);  // a Register has taken its own copy
+    if (!st.ok()) reply = attach::MessagePayload(st);
+    Status sent = attach::Send(fd_, req.type, req.id, 0, st.code(), reply,
+                               Deadline::After(o_.frame_timeout));
+    if (st.code() == StatusCode::kProtocolError) {
+      FERRY_LOG_WARN("attach {}: closing a client: {}", o_.path, st.ToString());
+      return;
+    }
+    if (!sent.ok()) return;
+  }
+}
+
+Status Session::Handle(const Frame& f, std::vector<uint8_t>* reply) {
+  if (f.fd >= 0 && f.type != Type::kRegister) {
+    return Status(StatusCode::kProtocolError, "a file descriptor came with a non-Register frame");
+  }
+  if (f.deadline_ms == 0) return Status(StatusCode::kProtocolError, "a request needs a deadline");
+  ByteReader r(f.payload.data(), f.payload.size());
+  ByteWriter w(reply);
+  Status st;
+  switch (f.type) {
+    case Type::kRegister:
+      st = Register(f.fd, r, w);
+      break;
+    case Type::kUnregister: {
+      const uint32_t id = r.U32();
+      if (r.ok() && buffers_.erase(id) == 0) st = Status(StatusCode::kNotFound, "unknown buffer");
+      break;
+    }
+    case Type::kPut:
+      st = Put(r, w);
+      break;
+    case Type::kGet:
+      st = Get(r, w);
+      break;
+    case Type::kExists:
+    case Type::kRemove:
+    case Type::kPin:
+      st = KeyOp(f.type, r, w);
+      break;
+    case Type::kLocate:
+      st = Locate(r, w);
+      break;
+    case Type::kStats: {
+      FERRY_ASSIGN_OR_RETURN(StoreStats s, core_.Stats());
+      w.U64(s.capacity);
+      w.U64(s.used);
+      w.U64(s.nodes);
+      w.U64(s.objects);
+      break;
+    }
+    case Type::kHello:
+      return Status(StatusCode::kProtocolError, "a second Hello");
+  }
+  if (st.code() != StatusCode::kProtocolError && (!r.ok() || r.Left() != 0)) {
+    return Status(StatusCode::kProtocolError, "malformed attach request payload");
+  }
+  return st;
+}
+
+Status Session::Register(int fd, ByteReader& r, ByteWriter& w) {
+  const uint64_t size = r.U64();
+  if (!r.ok() || r.Left() != 0) return Status(StatusCode::kProtocolError, "malformed Register");
+  if (fd < 0) return Bad("a Register request needs a memfd (SCM_RIGHTS)");
+  if (buffers_.size() >= o_.max_buffers_per_client) {
+    return Status(StatusCode::kResourceExhausted,
+                  "at most " + std::to_string(o_.max_buffers_per_client) + " buffers per client");
+  }
+  FERRY_ASSIGN_OR_RETURN(uint8_t * p, MapClientMemfd(fd, size));
+  if (Status st = core_.Register(p, size); !st.ok()) {
+    munmap(p, size);
+    return st;
+  }
+  const uint32_t id = next_id_++;
+  buffers_[id] = std::shared_ptr<Mapping>(new Mapping{core_, p, size});
+  w.U32(id);
+  return Status::Ok();
+}
+
+Status Session::Put(ByteReader& r, ByteWriter& w) {
+  PutOptions po;
+  po.replicas = r.U32();
+  const uint8_t pin = r.U8();
+  po.pin_ttl = Millis(std::min<uint64_t>(r.U64(), 365ull * 24 * 3600 * 1000));
+  po.preferred_segment = r.Str(attach::kMaxMessage);
+  uint32_t n = 0;
+  FERRY_RETURN_IF_ERROR(CountOf(r, &n));
+  if (pin > static_cast<uint8_t>(StorePin::kHard)) return Bad("unknown pin kind");
+  po.pin = static_cast<StorePin>(pin);
+  std::vector<std::string> keys(n);
+  std::vector<Source> src(n);
+  std::vector<Status> pre(n);
+  for (uint32_t i = 0; i < n && r.ok(); ++i) {
+    keys[i] = r.Str(Store::kMaxKeyBytes);
+    const uint32_t id = r.U32();
+    const uint64_t off = r.U64(), len = r.U64();
+    const uint8_t* p = Resolve(id, off, len);
+    if (p == nullptr) pre[i] = Bad("the range is not inside a buffer registered with the node");
+    src[i] = {p, len};
+  }
+  if (!r.ok() || r.Left() != 0) return Status(StatusCode::kProtocolError, "malformed Put");
+  auto out = core_.Put(keys, src, po, std::move(pre));
+  w.U32(n);
+  for (const Status& st : out) PutStatus(w, st);
+  return Status::Ok();
+}
+
+Status Session::Get(ByteReader& r, ByteWriter& w) {
+  const uint32_t pack_id = r.U32();
+  const uint64_t pack_off = r.U64(), pack_cap = r.U64();
+  uint32_t n = 0;
+  FERRY_RETURN_IF_ERROR(CountOf(r, &n));
+  Pack pack;
+  if (pack_cap > 0) {
+    pack.base = Resolve(pack_id, pack_off, pack_cap);
+    if (pack.base == nullptr) return Bad("the pack region is not inside a registered buffer");
+    pack.cap = pack_cap;
+  }
+  std::vector<std::string> keys(n);
+  std::vector<Sink> sinks(n);
+  std::vector<Status> bad(n);
+  for (uint32_t i = 0; i < n && r.ok(); ++i) {
+    keys[i] = r.Str(Store::kMaxKeyBytes);
+    const uint32_t id = r.U32();
+    const uint64_t off = r.U64(), cap = r.U64();
+    if (id == attach::kPacked) {
+      if (pack.base == nullptr) bad[i] = Bad("a packed item, but no pack region");
+      sinks[i].pack = &pack;
+    } else if (uint8_t* p = Resolve(id, off, cap); p == nullptr) {
+      bad[i] = Bad("the range is not inside a buffer registered with the node");
+    } else {
+      sinks[i].buf = p;
+      sinks[i].cap = cap;
+    }
+    if (!bad[i].ok()) sinks[i] = Sink{};
+  }
+  if (!r.ok() || r.Left() != 0) return Status(StatusCode::kProtocolError, "malformed Get");
+  auto out = core_.Get(keys, sinks);
+  w.U32(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    PutStatus(w, bad[i].ok() ? out[i].status() : bad[i]);
+    w.U64(sinks[i].size);
+    // Where a packed value went, as an offset in the pack buffer.
+    w.U64(sinks[i].pack != nullptr && out[i].ok()
+              ? pack_off + static_cast<uint64_t>(sinks[i].buf - pack.base)
+              : 0);
+  }
+  return Status::Ok();
+}
+
+Status Session::KeyOp(Type type, ByteReader& r, ByteWriter& w) {
+  uint8_t flag = 0;
+  uint64_t ttl = 0;
+  if (type == Type::kRemove) flag = r.U8();
+  if (type == Type::kPin) {
+    flag = r.U8();
+    ttl = std::min<uint64_t>(r.U64(), 365ull * 24 * 3600 * 1000);
+  }
+  uint32_t n = 0;
+  FERRY_RETURN_IF_ERROR(CountOf(r, &n));
+  auto keys = Keys(r, n);
+  if (!r.ok() || r.Left() != 0) return Status(StatusCode::kProtocolError, "malformed request");
+  std::vector<Status> out;
+  if (type == Type::kExists) {
+    out = core_.Exists(keys);
+  } else if (type == Type::kRemove) {
+    out = core_.Remove(keys, flag != 0);
+  } else {
+    if (flag > static_cast<uint8_t>(StorePin::kHard)) return Bad("unknown pin kind");
+    out = core_.Pin(keys, static_cast<StorePin>(flag), Millis(ttl));
+  }
+  w.U32(n);
+  for (const Status& st : out) PutStatus(w, st);
+  return Status::Ok();
+}
+
+Status Session::Locate(ByteReader& r, ByteWriter& w) {
+  uint32_t n = 0;
+  FERRY_RETURN_IF_ERROR(CountOf(r, &n));
+  auto keys = Keys(r, n);
+  if (!r.ok() || r.Left() != 0) return Status(StatusCode::kProtocolError, "malformed Locate");
+  auto out = core_.Locate(keys);
+  w.U32(n);
+  for (const auto& loc : out) {
+    PutStatus(w, loc.status());
+    if (!loc.ok()) continue;
+    const ObjectLocation& l = loc.value();
+    w.U64(l.size);
+    w.U64(static_cast<uint64_t>(l.lease.count()));
+    w.U32(static_cast<uint32_t>(l.replicas.size()));
+    for (const auto& rep : l.replicas) {
+      w.U32(static_cast<uint32_t>(rep.extents.size()));
+      for (const auto& e : rep.extents) {
+        w.Str(e.segment);
+        w.U64(e.addr);
+        w.U64(e.length);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<AttachServer>> AttachServer::Start(StoreCore& core, AttachOptions options) {
+  sockaddr_un sa{};
+  if (options.path.empty() || options.path.size() >= sizeof(sa.sun_path)) {
+    return Bad("a socket path of 1 to " + std::to_string(sizeof(sa.sun_path) - 1) + " bytes");
+  }
+  struct stat sb {};
+  if (lstat(options.path.c_str(), &sb) == 0) {
+    if (!S_ISSOCK(sb.st_mode)) {
+      return Status(StatusCode::kAlreadyExists, options.path + " exists and is not a socket");
+    }
+    unlink(options.path.c_str());  // a stale socket of an earlier node
+  }
+  std::unique_ptr<AttachServer> s(new AttachServer(core, options));
+  const_cast<uint64_t&>(s->instance_) = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
+  s->listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s->listen_fd_ < 0) return Status::FromErrno(errno, "socket");
+  sa.sun_family = AF_UNIX;
+  std::memcpy(sa.sun_path, options.path.c_str(), options.path.size());
+  if (bind(s->listen_fd_, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    return Status::FromErrno(errno, "bind " + options.path);
+  }
+  // Before listen, so that nobody connects while the mode is still wider.
+  if (chmod(options.path.c_str(), 0600) != 0) return Status::FromErrno(errno, "chmod");
+  if (listen(s->listen_fd_, 128) != 0) return Status::FromErrno(errno, "listen");
+  s->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (s->wake_fd_ < 0) return Status::FromErrno(errno, "eventfd");
+  s->acceptor_ = std::thread([p = s.get()] {
+    NameThisThread("ferry-attach");
+    p->AcceptLoop();
+  });
+  FERRY_LOG_INFO("attach: serving {} (uid {} and root{})", options.path, geteuid(),
+                 options.allow_uids.empty() ? "" : " and the allowed uids");
+  return s;
+}
+
+AttachServer::~AttachServer() {
+  stop_ = true;
+  if (acceptor_.joinable()) {
+    const uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof(one));
+    acceptor_.join();
+  }
+  {
+    std::lock_guard lock(mu_);
+    for (Client& c : clients_) shutdown(c.fd, SHUT_RDWR);
+  }
+  Reap(true);
+  if (listen_fd_ >= 0) {
+    close(listen_fd_);
+    unlink(options_.path.c_str());
+  }
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+size_t AttachServer::clients() const {
+  std::lock_guard lock(mu_);
+  return clients_.size();
+}
+
+void AttachServer::Reap(bool all) {
+  std::list<Client> finished;
+  {
+    std::lock_guard lock(mu_);
+    for (auto it = clients_.begin(); it != clients_.end();) {
+      auto next = std::next(it);
+      if (all || it->done) finished.splice(finished.end(), clients_, it);
+      it = next;
+    }
+  }
+  for (Client& c : finished) {
+    c.thread.join();
+    close(c.fd);
+  }
+}
+
+void AttachServer::AcceptLoop() {
+  while (!stop_) {
+    pollfd p[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    int r = poll(p, 2, 1000);
+    Reap(false);
+    if (r <= 0 || (p[1].revents & POLLIN)) continue;
+    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) continue;
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    std::string refusal;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+      refusal = "the node cannot read this process's credentials";
+    } else if (cred.uid != 0 && cred.uid != geteuid() &&
+               std::find(options_.allow_uids.begin(), options_.allow_uids.end(), cred.uid) ==
+                   options_.allow_uids.end()) {
+      refusal = "uid " + std::to_string(cred.uid) + " may not attach to this node (--allow-uid)";
+    }
+    std::lock_guard lock(mu_);
+    if (refusal.empty() && clients_.size() >= options_.max_clients) {
+      refusal = "the node serves at most " + std::to_string(options_.max_clients) + " clients";
+    }
+    if (!refusal.empty()) {
+      FERRY_LOG_WARN("attach {}: refusing pid {}: {}", options_.path, cred.pid, refusal);
+    }
+    Client& c = clients_.emplace_back();
+    c.fd = fd;
+    c.thread = std::thread([this, &c, refusal] {
+      NameThisThread("ferry-attached");
+      Session(core_, options_, instance_, c.fd).Run(refusal.empty(), refusal);
+      c.done = true;
+    });
+  }
+}
+
+}  // namespace ferry::store

@@ -1,0 +1,69 @@
+// The node's service to the applications on its host (`ferry node --socket`):
+// a Unix stream socket at a filesystem path, mode 0600, speaking the attach
+// protocol (store/rpc/attach_wire.h). Each client gets a thread; its memfd
+// buffers are mapped once, registered with the node's engine, and referenced
+// by id afterwards. A client that goes away loses its buffers (unmapped once
+// no operation uses them); its operations in flight finish, committed or
+// aborted, so no put stays open for it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/clock.h"
+#include "ferry/status.h"
+
+namespace ferry::store {
+
+class StoreCore;
+
+struct AttachOptions {
+  std::string path;                // the socket's filesystem path
+  std::vector<uint32_t> allow_uids;  // besides this process's uid and root
+  size_t max_clients = 256;
+  Millis handshake_timeout{5000};  // a connection must say Hello by then
+  Millis frame_timeout{5000};      // a frame begun must be complete by then
+  size_t max_buffers_per_client = 1024;
+  std::string master;  // reported to clients
+};
+
+class AttachServer {
+ public:
+  // Binds `options.path` (replacing a stale socket there, never another kind
+  // of file) and starts accepting. `core` outlives the server.
+  static Result<std::unique_ptr<AttachServer>> Start(StoreCore& core, AttachOptions options);
+  // Stops accepting, closes every client and joins its thread, removes the path.
+  ~AttachServer();
+
+  const std::string& path() const { return options_.path; }
+  size_t clients() const;
+
+ private:
+  struct Client {
+    int fd = -1;
+    std::thread thread;
+    std::atomic<bool> done{false};
+  };
+  AttachServer(StoreCore& core, AttachOptions options) : core_(core), options_(std::move(options)) {}
+  void AcceptLoop();
+  void Serve(Client* c);
+  void Reap(bool all);
+
+  StoreCore& core_;
+  const AttachOptions options_;
+  const uint64_t instance_ = 0;
+  int listen_fd_ = -1;
+  int wake_fd_ = -1;  // eventfd: stops the accept loop
+  std::atomic<bool> stop_{false};
+  std::thread acceptor_;
+  mutable std::mutex mu_;
+  std::list<Client> clients_;  // guarded by mu_
+};
+
+}  // namespace ferry::store

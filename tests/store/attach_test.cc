@@ -1,0 +1,342 @@
+// Applications attached to a `ferry node --socket` process: the same Store
+// API, bytes moved by the node, and a socket that survives bad clients.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "common/bytes.h"
+#include "store/rpc/attach_wire.h"
+#include "store/store_cluster.h"
+
+namespace ferry::test {
+namespace {
+
+namespace attach = store::attach;
+
+std::string SocketPath(const char* name) {
+  return "/tmp/ferry-test-" + std::to_string(getpid()) + "-" + name + ".sock";
+}
+
+// A master and one node that serves `path`.
+struct AttachCluster {
+  cli::MasterProcess master;
+  cli::NodeProcess node;
+  std::string path;
+};
+
+Result<cli::NodeProcess> StartSocketNode(const std::string& master, const std::string& path) {
+  return cli::SpawnNode(FerryBin(), master,
+                        {"--segment-size", "64MiB", "--heartbeat-ms", "50", "--socket", path});
+}
+
+Result<AttachCluster> StartAttachCluster(const char* name) {
+  AttachCluster c;
+  c.path = SocketPath(name);
+  FERRY_ASSIGN_OR_RETURN(c.master, cli::SpawnMaster(FerryBin(), {"--tick-ms", "20"}));
+  FERRY_ASSIGN_OR_RETURN(c.node, StartSocketNode(c.master.address, c.path));
+  return c;
+}
+
+StoreOptions Small(uint64_t staging = 8 << 20) {
+  StoreOptions o;
+  o.attach_staging = staging;
+  o.rpc_timeout = Millis(5000);
+  return o;
+}
+
+// A raw connection to the socket, for speaking the protocol badly.
+int RawConnect(const std::string& path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  std::memcpy(sa.sun_path, path.c_str(), path.size());
+  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+Result<attach::Frame> RawCall(int fd, attach::Type type, const std::vector<uint8_t>& payload,
+                              int pass_fd = -1, StatusCode code = StatusCode::kOk) {
+  FERRY_RETURN_IF_ERROR(attach::Send(fd, type, 7, 1000, code, payload,
+                                     Deadline::After(Millis(2000)), pass_fd));
+  return attach::Receive(fd, Deadline::After(Millis(5000)), Millis(5000));
+}
+
+// A raw client past its Hello.
+int RawAttached(const std::string& path) {
+  int fd = RawConnect(path);
+  if (fd < 0) return -1;
+  std::vector<uint8_t> hello;
+  ByteWriter(&hello).U32(1);
+  auto r = RawCall(fd, attach::Type::kHello, hello);
+  if (!r.ok() || r.value().code != StatusCode::kOk) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Whether the node has closed `fd`: a read sees EOF within the timeout.
+bool ClosedByPeer(int fd) {
+  auto f = attach::Receive(fd, Deadline::After(Millis(5000)), Millis(5000));
+  return !f.ok() && f.status().code() == StatusCode::kConnectionLost;
+}
+
+TEST(Attach, PutGetAndSeeEachOthersObjects) {
+  auto c = StartAttachCluster("basic");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto a = Store::Attach(c.value().path, Small());
+  auto b = Store::Attach(c.value().path, Small());
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  Store& sa = *a.value();
+  Store& sb = *b.value();
+  EXPECT_EQ(sa.segment(), c.value().node.segment);
+  EXPECT_EQ(sa.master_address(), c.value().master.address);
+
+  // Staged: plain memory, one copy through the shared staging area.
+  auto v = Pattern(3 << 20, 1);
+  ASSERT_TRUE(sa.Put("staged", v).ok());
+  auto got = sb.Get("staged");
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got.value(), v);
+
+  // Shared: AllocateBuffer memory, no copy.
+  auto src = sb.AllocateBuffer(4 << 20);
+  auto dst = sa.AllocateBuffer(4 << 20);
+  ASSERT_TRUE(src.ok() && dst.ok());
+  FillRandom(src.value()->data(), 4 << 20, 2);
+  ASSERT_TRUE(sb.PutFrom("shared", {src.value()->data(), 4 << 20}).ok());
+  auto n = sa.GetInto("shared", {dst.value()->data(), 4 << 20});
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(n.value(), 4u << 20);
+  EXPECT_EQ(std::memcmp(src.value()->data(), dst.value()->data(), 4 << 20), 0);
+
+  // Registered plain memory goes through staging, both ways.
+  std::vector<uint8_t> heap(1 << 20, 0);
+  ASSERT_TRUE(sa.RegisterBuffer(heap.data(), heap.size()).ok());
+  ASSERT_TRUE(sa.GetInto("staged", {heap.data(), heap.size()}).status().code() ==
+              StatusCode::kOutOfRange);
+  ASSERT_TRUE(sa.PutFrom("from-heap", {v.data(), 100}).code() == StatusCode::kInvalidArgument);
+  std::memcpy(heap.data(), v.data(), 1000);
+  ASSERT_TRUE(sa.PutFrom("from-heap", {heap.data(), 1000}).ok());
+  std::vector<uint8_t> back(1000);
+  ASSERT_TRUE(sb.RegisterBuffer(back.data(), back.size()).ok());
+  ASSERT_EQ(sb.GetInto("from-heap", {back.data(), back.size()}).value(), 1000u);
+  EXPECT_EQ(std::memcmp(back.data(), v.data(), 1000), 0);
+
+  EXPECT_TRUE(sb.Exists("shared").ok());
+  EXPECT_EQ(sb.Exists("nope").code(), StatusCode::kNotFound);
+  EXPECT_EQ(sa.Get("nope").status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(sa.Pin("shared", StorePin::kHard).ok());
+  auto loc = sa.Locate("shared");
+  ASSERT_TRUE(loc.ok());
+  EXPECT_EQ(loc.value().size, 4u << 20);
+  ASSERT_EQ(loc.value().replicas.size(), 1u);
+  EXPECT_EQ(loc.value().replicas[0].extents[0].segment, c.value().node.segment);
+  auto stats = sa.Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats.value().nodes, 1u);
+  EXPECT_EQ(stats.value().objects, 3u);
+  EXPECT_EQ(stats.value().capacity, 64u << 20);
+  EXPECT_TRUE(sa.Remove("staged").ok());
+  EXPECT_EQ(sb.Exists("staged").code(), StatusCode::kNotFound);
+  // Bad keys are refused, and nothing else is lost.
+  EXPECT_EQ(sa.Put("", v).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(sa.Put(std::string(Store::kMaxKeyBytes + 1, 'k'), v).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(sa.Put("empty", std::span<const uint8_t>()).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(sb.Exists("shared").ok());
+}
+
+TEST(Attach, BatchesLargerThanStagingTakeRoundsAndOversizeIsRefused) {
+  auto c = StartAttachCluster("rounds");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto s = Store::Attach(c.value().path, Small(1 << 20));
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  std::vector<std::string> keys = {"r0", "r1", "r2", "r3", "r4"};
+  std::vector<std::vector<uint8_t>> vals;
+  std::vector<std::span<const uint8_t>> spans;
+  for (size_t i = 0; i < keys.size(); ++i) vals.push_back(Pattern(400 << 10, 10 + i));
+  for (auto& v : vals) spans.emplace_back(v);
+  for (const Status& st : s.value()->BatchPut(keys, spans)) EXPECT_TRUE(st.ok()) << st.ToString();
+  auto got = s.value()->BatchGet(keys);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_TRUE(got[i].ok()) << got[i].status().ToString();
+    EXPECT_EQ(got[i].value(), vals[i]);
+  }
+  auto big = Pattern((1 << 20) + 1, 3);
+  Status st = s.value()->Put("big", big);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("staging"), std::string::npos) << st.ToString();
+  // Put from shared memory, too big to get through staging.
+  auto mem = s.value()->AllocateBuffer(big.size());
+  ASSERT_TRUE(mem.ok());
+  std::memcpy(mem.value()->data(), big.data(), big.size());
+  ASSERT_TRUE(s.value()->PutFrom("big", {mem.value()->data(), big.size()}).ok());
+  auto g = s.value()->Get("big");
+  EXPECT_EQ(g.status().code(), StatusCode::kOutOfRange);
+  EXPECT_NE(g.status().message().find("staging"), std::string::npos);
+}
+
+TEST(Attach, NothingListeningIsUnavailable) {
+  auto s = Store::Attach(SocketPath("nobody-here"), Small());
+  EXPECT_EQ(s.status().code(), StatusCode::kUnavailable) << s.status().ToString();
+}
+
+TEST(Attach, MalformedFramesCloseOnlyThatClient) {
+  auto c = StartAttachCluster("malformed");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto good = Store::Attach(c.value().path, Small());
+  ASSERT_TRUE(good.ok());
+  ASSERT_TRUE(good.value()->Put("kept", Pattern(1000, 4)).ok());
+
+  // Garbage instead of a Hello.
+  int g = RawConnect(c.value().path);
+  ASSERT_GE(g, 0);
+  const char junk[64] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_EQ(write(g, junk, sizeof(junk)), static_cast<ssize_t>(sizeof(junk)));
+  EXPECT_TRUE(ClosedByPeer(g));
+  close(g);
+
+  // A request with a status code set.
+  int s = RawAttached(c.value().path);
+  ASSERT_GE(s, 0);
+  auto r = RawCall(s, attach::Type::kStats, {}, -1, StatusCode::kNotFound);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.value().code, StatusCode::kProtocolError);
+  EXPECT_TRUE(ClosedByPeer(s));
+  close(s);
+
+  // A Put whose item count runs past the payload.
+  int p = RawAttached(c.value().path);
+  ASSERT_GE(p, 0);
+  std::vector<uint8_t> put;
+  ByteWriter w(&put);
+  w.U32(1);
+  w.U8(0);
+  w.U64(0);
+  w.Str("");
+  w.U32(1000);
+  w.Str("k");
+  r = RawCall(p, attach::Type::kPut, put);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.value().code, StatusCode::kProtocolError);
+  EXPECT_TRUE(ClosedByPeer(p));
+  close(p);
+
+  // The attached client kept working throughout.
+  auto got = good.value()->Get("kept");
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got.value(), Pattern(1000, 4));
+}
+
+TEST(Attach, FileDescriptorsThatAreNotSealedMemfdsOfTheirSizeAreRefused) {
+  auto c = StartAttachCluster("fds");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  int s = RawAttached(c.value().path);
+  ASSERT_GE(s, 0);
+  auto reg = [&](int fd, uint64_t size) {
+    std::vector<uint8_t> p;
+    ByteWriter(&p).U64(size);
+    auto r = RawCall(s, attach::Type::kRegister, p, fd);
+    return r.ok() ? attach::ReplyStatus(r.value()) : r.status();
+  };
+  // A pipe, and a regular file, are not memfds.
+  int pipefd[2];
+  ASSERT_EQ(pipe(pipefd), 0);
+  Status st = reg(pipefd[0], 4096);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find("memfd"), std::string::npos);
+  close(pipefd[0]);
+  close(pipefd[1]);
+  char tmpl[] = "/tmp/ferry-attach-file-XXXXXX";
+  int file = mkstemp(tmpl);
+  ASSERT_GE(file, 0);
+  ASSERT_EQ(ftruncate(file, 8192), 0);
+  unlink(tmpl);
+  EXPECT_EQ(reg(file, 4096).code(), StatusCode::kInvalidArgument);
+  close(file);
+  // A memfd that could shrink under the node's mapping.
+  int loose = memfd_create("loose", MFD_CLOEXEC);
+  ASSERT_EQ(ftruncate(loose, 8192), 0);
+  st = reg(loose, 8192);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("F_SEAL_SHRINK"), std::string::npos) << st.ToString();
+  close(loose);
+  // A sealed memfd smaller than it claims.
+  int small = memfd_create("small", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_EQ(ftruncate(small, 4096), 0);
+  ASSERT_EQ(fcntl(small, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  st = reg(small, 1 << 20);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("claimed"), std::string::npos) << st.ToString();
+  // The same memfd at its true size is accepted: the refusals were about the fds.
+  EXPECT_TRUE(reg(small, 4096).ok());
+  close(small);
+  // A Register with no fd at all.
+  EXPECT_EQ(reg(-1, 4096).code(), StatusCode::kInvalidArgument);
+  close(s);
+}
+
+TEST(Attach, ANodeRestartFailsOneCallThenTheClientAttachesAgain) {
+  auto c = StartAttachCluster("restart");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto s = Store::Attach(c.value().path, Small());
+  ASSERT_TRUE(s.ok());
+  auto mem = s.value()->AllocateBuffer(1 << 20);
+  ASSERT_TRUE(mem.ok());
+  FillRandom(mem.value()->data(), 1 << 20, 5);
+  ASSERT_TRUE(s.value()->PutFrom("before", {mem.value()->data(), 1 << 20}).ok());
+
+  ASSERT_TRUE(c.value().node.proc->Signal(SIGKILL).ok());
+  ASSERT_TRUE(c.value().node.proc->Wait(Millis(10000)).ok());
+  auto again = StartSocketNode(c.value().master.address, c.value().path);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+
+  Status first = s.value()->Put("after", Pattern(100, 6));
+  EXPECT_EQ(first.code(), StatusCode::kConnectionLost) << first.ToString();
+  // The next call attaches again and shares the buffer anew.
+  FillRandom(mem.value()->data(), 1 << 20, 7);
+  Status put = s.value()->PutFrom("after", {mem.value()->data(), 1 << 20});
+  ASSERT_TRUE(put.ok()) << put.ToString();
+  EXPECT_EQ(s.value()->segment(), again.value().segment);
+  std::memset(mem.value()->data(), 0, 1 << 20);
+  ASSERT_TRUE(s.value()->GetInto("after", {mem.value()->data(), 1 << 20}).ok());
+  auto want = Pattern(1 << 20, 7);
+  EXPECT_EQ(std::memcmp(mem.value()->data(), want.data(), want.size()), 0);
+}
+
+TEST(Attach, TheSocketIsOwnerOnlyAndAStaleOneIsReplaced) {
+  auto c = StartAttachCluster("mode");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  struct stat sb {};
+  ASSERT_EQ(stat(c.value().path.c_str(), &sb), 0);
+  EXPECT_TRUE(S_ISSOCK(sb.st_mode));
+  EXPECT_EQ(sb.st_mode & 0777, 0600u);
+  // A node killed leaves its socket file; the next one binds over it.
+  ASSERT_TRUE(c.value().node.proc->Signal(SIGKILL).ok());
+  ASSERT_TRUE(c.value().node.proc->Wait(Millis(10000)).ok());
+  auto again = StartSocketNode(c.value().master.address, c.value().path);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_TRUE(Store::Attach(c.value().path, Small()).ok());
+  // A path that is not a socket is never replaced.
+  const std::string file = SocketPath("regular-file");
+  int fd = open(file.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  auto refused = StartSocketNode(c.value().master.address, file);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_EQ(access(file.c_str(), F_OK), 0);
+  unlink(file.c_str());
+}
+
+}  // namespace
+}  // namespace ferry::test
