@@ -2,7 +2,10 @@
 // next to what the same bytes cost through the bare engine (tcp, the same
 // batches, measured in the same run) and through Redis SET/GET (4 pipelined
 // connections). Also the master's metadata rate: exists and get-locations in
-// batches of 128.
+// batches of 128. Every run also times a single-thread memcpy of the same
+// bytes, the bound for a same-host store (--attach, or --transport auto).
+#include <unistd.h>
+
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -13,6 +16,7 @@
 #include "cli/local_cluster.h"
 #include "cli/redis_reference.h"
 #include "common/clock.h"
+#include "common/prefault.h"
 #include "common/subprocess.h"
 #include "ferry/engine.h"
 #include "ferry/store.h"
@@ -106,10 +110,14 @@ int BenchStore(const BenchStoreArgs& a) {
 
   auto master = SpawnMaster(SelfExe(), {"--http-port", "-1"});
   if (!master.ok()) return Fail(master.status());
+  // Attached, the client talks to the first node over its socket.
+  const std::string sock =
+      a.attach ? "/tmp/ferry-bench-store-" + std::to_string(getpid()) + ".sock" : "";
   std::vector<NodeProcess> nodes;
   for (int i = 0; i < a.nodes; ++i) {
-    auto n =
-        SpawnNode(SelfExe(), master.value().address, {"--segment-size", std::to_string(per_node)});
+    std::vector<std::string> args = {"--segment-size", std::to_string(per_node)};
+    if (i == 0 && a.attach) args.insert(args.end(), {"--socket", sock});
+    auto n = SpawnNode(SelfExe(), master.value().address, args);
     if (!n.ok()) return Fail(n.status());
     nodes.push_back(std::move(n).value());
   }
@@ -117,7 +125,7 @@ int BenchStore(const BenchStoreArgs& a) {
   so.master = master.value().address;
   so.local_memory = 0;  // every byte crosses to a node process
   so.engine.transport = a.transport == "tcp" ? "tcp" : "";
-  auto store = Store::Create(so);
+  auto store = a.attach ? Store::Attach(sock, so) : Store::Create(so);
   if (!store.ok()) return Fail(store.status());
   Store& s = *store.value();
   auto engine = EngineReference::Start(a.transport, total + span);
@@ -126,20 +134,51 @@ int BenchStore(const BenchStoreArgs& a) {
   if (!redis.ok()) return Fail(redis.status());
 
   // One registered source and destination area of a batch; value k of a batch
-  // has its own pattern, so a misplaced value is caught.
-  std::vector<uint8_t> src(span), dst(span);
+  // has its own pattern, so a misplaced value is caught. Attached, they come
+  // from AllocateBuffer, which the node reads and writes with no copy.
+  std::vector<uint8_t> src_heap, dst_heap;
+  std::shared_ptr<StoreMemory> src_mem, dst_mem;
+  uint8_t *src = nullptr, *dst = nullptr;
+  if (a.attach) {
+    auto m1 = s.AllocateBuffer(span);
+    auto m2 = m1.ok() ? s.AllocateBuffer(span) : m1;
+    if (!m2.ok()) return Fail(m2.status());
+    src_mem = m1.value();
+    dst_mem = m2.value();
+    src = static_cast<uint8_t*>(src_mem->data());
+    dst = static_cast<uint8_t*>(dst_mem->data());
+  } else {
+    src_heap.resize(span);
+    dst_heap.resize(span);
+    src = src_heap.data();
+    dst = dst_heap.data();
+    if (Status st = s.RegisterBuffer(src, span); !st.ok()) return Fail(st);
+    if (Status st = s.RegisterBuffer(dst, span); !st.ok()) return Fail(st);
+  }
   for (uint64_t i = 0; i < span; ++i) src[i] = static_cast<uint8_t>((i * 131) ^ (i >> 12));
-  if (Status st = s.RegisterBuffer(src.data(), span); !st.ok()) return Fail(st);
-  if (Status st = s.RegisterBuffer(dst.data(), span); !st.ok()) return Fail(st);
+  // The memcpy reference: the same bytes into and out of distinct places of
+  // memory faulted in beforehand, as a node's is.
+  std::vector<uint8_t> copy_area(total + span);
+  Prefault(copy_area.data(), copy_area.size());
+  auto memcpy_batch = [&](bool write, int b) -> Result<double> {
+    uint8_t* place = copy_area.data() + span * static_cast<uint64_t>(b);
+    auto t0 = Clock::now();
+    if (write) {
+      std::memcpy(place, src, span);
+    } else {
+      std::memcpy(dst, place, span);
+    }
+    return SecondsSince(t0);
+  };
   std::vector<StoreBuffer> src_bufs, dst_bufs;
   std::vector<std::span<const uint8_t>> src_spans;
   std::vector<std::span<uint8_t>> dst_spans;
   for (int k = 0; k < a.batch; ++k) {
     const uint64_t off = a.value_size * static_cast<uint64_t>(k);
-    src_bufs.push_back({src.data() + off, a.value_size});
-    dst_bufs.push_back({dst.data() + off, a.value_size});
-    src_spans.emplace_back(src.data() + off, a.value_size);
-    dst_spans.emplace_back(dst.data() + off, a.value_size);
+    src_bufs.push_back({src + off, a.value_size});
+    dst_bufs.push_back({dst + off, a.value_size});
+    src_spans.emplace_back(src + off, a.value_size);
+    dst_spans.emplace_back(dst + off, a.value_size);
   }
   auto keys_of = [&](const char* prefix, int b) {
     std::vector<std::string> keys;
@@ -168,9 +207,9 @@ int BenchStore(const BenchStoreArgs& a) {
     if (!st.ok()) return Fail(st);
   }
 
-  // Each batch goes through the store, the engine and Redis in turn, so that
-  // the three see the same machine load.
-  Phase put, get, eng_w, eng_r, red_set, red_get;
+  // Each batch goes through the store, the engine, memcpy and Redis in turn,
+  // so that all see the same machine load.
+  Phase put, get, eng_w, eng_r, red_set, red_get, mem_w, mem_r;
   auto timed = [](Phase& p, Result<double> r) {
     if (r.ok()) {
       p.seconds += r.value();
@@ -188,6 +227,7 @@ int BenchStore(const BenchStoreArgs& a) {
     for (const auto& x : s.BatchPutFrom(keys, src_bufs)) st = x.ok() ? st : x;
     if (st.ok()) st = timed(put, SecondsSince(t0));
     if (st.ok() && b % 2 == 0) st = timed(eng_w, engine.value().Batch(Op::kWrite, src_bufs, b));
+    if (st.ok()) st = timed(mem_w, memcpy_batch(true, b));
     if (st.ok()) st = timed(red_set, redis.value()->Set(keys, src_spans));
     if (!st.ok()) return Fail(st);
     all_keys.insert(all_keys.end(), keys.begin(), keys.end());
@@ -196,14 +236,15 @@ int BenchStore(const BenchStoreArgs& a) {
     auto keys = keys_of("bench/", b);
     Status st;
     if (b % 2 == 1) st = timed(eng_r, engine.value().Batch(Op::kRead, dst_bufs, b));
-    std::memset(dst.data(), 0, span);
+    std::memset(dst, 0, span);
     auto t0 = Clock::now();
     for (const auto& x : s.BatchGetInto(keys, dst_bufs)) st = x.ok() ? st : x.status();
     if (st.ok()) st = timed(get, SecondsSince(t0));
-    if (st.ok() && std::memcmp(src.data(), dst.data(), span) != 0) {
+    if (st.ok() && std::memcmp(src, dst, span) != 0) {
       st = Status(StatusCode::kInternal, "a value read back from the store differs");
     }
     if (st.ok() && b % 2 == 0) st = timed(eng_r, engine.value().Batch(Op::kRead, dst_bufs, b));
+    if (st.ok()) st = timed(mem_r, memcpy_batch(false, b));
     if (st.ok()) st = timed(red_get, redis.value()->Get(keys, dst_spans));
     if (!st.ok()) return Fail(st);
   }
@@ -222,12 +263,14 @@ int BenchStore(const BenchStoreArgs& a) {
   const double engine_w = Gbps(total, eng_w.seconds), engine_r = Gbps(total, eng_r.seconds);
   const double redis_put = Gbps(total, red_set.seconds), redis_get = Gbps(total, red_get.seconds);
   const double put_gbps = Gbps(total, put.seconds), get_gbps = Gbps(total, get.seconds);
+  const double memcpy_w = Gbps(total, mem_w.seconds), memcpy_r = Gbps(total, mem_r.seconds);
   nlohmann::json j = {
       {"value_size", a.value_size},
       {"values", values},
       {"batch", a.batch},
       {"nodes", a.nodes},
-      {"transport", a.transport},
+      {"transport", a.attach ? "attach" : a.transport},
+      {"attach", a.attach},
       {"put_gbps", put_gbps},
       {"get_gbps", get_gbps},
       {"put_ops", values / put.seconds},
@@ -240,6 +283,10 @@ int BenchStore(const BenchStoreArgs& a) {
       {"engine_read_gbps", engine_r},
       {"put_vs_engine", put_gbps / engine_w},
       {"get_vs_engine", get_gbps / engine_r},
+      {"memcpy_gbps", memcpy_w},
+      {"memcpy_read_gbps", memcpy_r},
+      {"put_vs_memcpy", put_gbps / memcpy_w},
+      {"get_vs_memcpy", get_gbps / memcpy_r},
       {"redis_put_gbps", redis_put},
       {"redis_get_gbps", redis_get},
       {"put_vs_redis", put_gbps / redis_put},
@@ -248,17 +295,20 @@ int BenchStore(const BenchStoreArgs& a) {
       {"locate_ops", locate_ops},
   };
   std::printf("ferry bench store: %d values of %llu bytes, batches of %d, %d node(s), %s\n", values,
-              static_cast<unsigned long long>(a.value_size), a.batch, a.nodes, a.transport.c_str());
-  std::printf("  %-6s %8s %10s %12s %12s %10s %10s\n", "op", "GB/s", "ops/s", "p50 ms/batch",
-              "p99 ms/batch", "engine", "redis");
-  std::printf("  %-6s %8.2f %10.0f %12.2f %12.2f %10.2f %10.2f\n", "put", put_gbps,
+              static_cast<unsigned long long>(a.value_size), a.batch, a.nodes,
+              a.attach ? "attached" : a.transport.c_str());
+  std::printf("  %-6s %8s %10s %12s %12s %10s %10s %10s\n", "op", "GB/s", "ops/s", "p50 ms/batch",
+              "p99 ms/batch", "engine", "memcpy", "redis");
+  std::printf("  %-6s %8.2f %10.0f %12.2f %12.2f %10.2f %10.2f %10.2f\n", "put", put_gbps,
               values / put.seconds, j["put_batch_p50_ms"].get<double>(),
-              j["put_batch_p99_ms"].get<double>(), engine_w, redis_put);
-  std::printf("  %-6s %8.2f %10.0f %12.2f %12.2f %10.2f %10.2f\n", "get", get_gbps,
+              j["put_batch_p99_ms"].get<double>(), engine_w, memcpy_w, redis_put);
+  std::printf("  %-6s %8.2f %10.0f %12.2f %12.2f %10.2f %10.2f %10.2f\n", "get", get_gbps,
               values / get.seconds, j["get_batch_p50_ms"].get<double>(),
-              j["get_batch_p99_ms"].get<double>(), engine_r, redis_get);
-  std::printf("  ratios: put/engine %.2f, get/engine %.2f, put/redis %.2f, get/redis %.2f\n",
-              put_gbps / engine_w, get_gbps / engine_r, put_gbps / redis_put, get_gbps / redis_get);
+              j["get_batch_p99_ms"].get<double>(), engine_r, memcpy_r, redis_get);
+  std::printf("  ratios: put/engine %.2f, get/engine %.2f, put/memcpy %.2f, get/memcpy %.2f, "
+              "put/redis %.2f, get/redis %.2f\n",
+              put_gbps / engine_w, get_gbps / engine_r, put_gbps / memcpy_w, get_gbps / memcpy_r,
+              put_gbps / redis_put, get_gbps / redis_get);
   std::printf("  metadata (batches of %zu): exists %.0f/s, get-locations %.0f/s\n", kMetadataBatch,
               exists_ops, locate_ops);
   if (a.json) std::printf("%s\n", j.dump().c_str());

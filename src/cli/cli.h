@@ -85,10 +85,22 @@ struct BenchStoreArgs {
   int batch = 16;
   int nodes = 1;
   std::string transport = "tcp";  // how the client reaches the nodes: tcp|auto
+  bool attach = false;            // attached to the first node's socket instead
   double metadata_seconds = 1.0;  // per metadata measurement
   bool json = false;
 };
 int BenchStore(const BenchStoreArgs& args);
+
+struct StoreArgs {
+  std::string master;  // host:port, or
+  std::string socket;  // a node's attach socket
+  int64_t timeout_ms = 5000;
+  std::string command;  // put, get, exists, rm or stat
+  std::string key;
+  std::string file;  // put: input ("-": stdin); get: output (empty or "-": stdout)
+  bool force = false;
+};
+int StoreCommand(const StoreArgs& args);
 
 // "4096", "64KiB", "1MiB", "2GiB", "1G" (binary multiples).
 Result<uint64_t> ParseSize(const std::string& s);

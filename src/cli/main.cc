@@ -179,7 +179,32 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"tcp", "auto"}));
   bsc->add_option("--metadata-seconds", bs.metadata_seconds, "Per metadata measurement")
       ->check(CLI::Range(0.0, 600.0));
+  bsc->add_flag("--attach", bs.attach,
+                "Attach to the first node's --socket instead of running an engine");
   bsc->add_flag("--json", bs.json, "End with one JSON line");
+
+  StoreArgs sa;
+  auto* sc = app.add_subcommand("store", "Put, get, check and remove keys; store statistics");
+  sc->require_subcommand(1);
+  sc->add_option("--master", sa.master, "The master, host:port");
+  sc->add_option("--socket", sa.socket, "Or the attach socket of this host's node");
+  sc->add_option("--timeout-ms", sa.timeout_ms, "Deadline of each call")
+      ->check(CLI::Range(int64_t{1}, int64_t{600000}));
+  auto* sc_put = sc->add_subcommand("put", "Store FILE (- for stdin) under KEY");
+  sc_put->add_option("key", sa.key)->required();
+  sc_put->add_option("file", sa.file)->required();
+  auto* sc_get = sc->add_subcommand("get", "Write KEY's value to FILE, or stdout");
+  sc_get->add_option("key", sa.key)->required();
+  sc_get->add_option("file", sa.file);
+  auto* sc_exists = sc->add_subcommand("exists", "true (exit 0) or false (exit 1)");
+  sc_exists->add_option("key", sa.key)->required();
+  auto* sc_rm = sc->add_subcommand("rm", "Remove KEY");
+  sc_rm->add_option("key", sa.key)->required();
+  sc_rm->add_flag("--force", sa.force, "Also while it is read or written");
+  auto* sc_stat = sc->add_subcommand("stat", "Capacity, use, nodes and objects, as JSON");
+  for (auto* c : {sc_put, sc_get, sc_exists, sc_rm, sc_stat}) {
+    c->callback([c, &sa] { sa.command = c->get_name(); });
+  }
 
   DemoArgs d;
   std::string demo_bytes = "1GiB";
@@ -224,6 +249,7 @@ int main(int argc, char** argv) {
     }
     return BenchStore(bs);
   }
+  if (sc->parsed()) return StoreCommand(sa);
   if (demo->parsed()) {
     if (!SizeOption(demo_bytes, &d.bytes, "--bytes")) return 2;
     return Demo(d);

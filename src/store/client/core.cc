@@ -68,7 +68,19 @@ void RunBatch(Engine& engine, const std::vector<Request>& reqs, Deadline deadlin
   // Freeing the batch cancels what is left and waits until no buffer is touched.
 }
 
+// Copies into or out of this process's node memory: small ones inline, where
+// a hand-off would cost more than the copy; from this many bytes per call on,
+// through the engine's own segment, whose copy threads share the work.
+constexpr uint64_t kEngineCopyBytes = 4ull << 20;
+
 }  // namespace
+
+struct LocalCopy {
+  uint8_t* dst;
+  const uint8_t* src;
+  uint64_t length;
+  size_t owner;  // the item it belongs to
+};
 
 StoreCore::StoreCore(Engine& engine, MasterClient& client, StoreNode* node, CoreOptions options)
     : engine_(engine), client_(client), node_(node), options_(options) {
@@ -154,6 +166,25 @@ bool StoreCore::Registered(const void* p, size_t n) {
   return a - it->first <= it->second && n <= it->second - (a - it->first);
 }
 
+void StoreCore::CopyLocal(std::span<const LocalCopy> copies, Op op, std::vector<Request>* reqs,
+                          std::vector<size_t>* owner) {
+  uint64_t bytes = 0;
+  for (const LocalCopy& c : copies) bytes += c.length;
+  Result<SegmentId> self = Status(StatusCode::kNotFound, "inline");
+  if (bytes >= kEngineCopyBytes) self = Segment(engine_.name());
+  for (const LocalCopy& c : copies) {
+    if (!self.ok()) {
+      std::memcpy(c.dst, c.src, c.length);
+      continue;
+    }
+    // The node's side is the engine's "remote" address in its own segment.
+    uint8_t* mine = op == Op::kWrite ? const_cast<uint8_t*>(c.src) : c.dst;
+    const uint8_t* node = op == Op::kWrite ? c.dst : c.src;
+    reqs->push_back({op, mine, self.value(), reinterpret_cast<uint64_t>(node), c.length});
+    owner->push_back(c.owner);
+  }
+}
+
 bool StoreCore::Local(const StoreExtent& e) const {
   return node_ != nullptr && e.segment == engine_.name() && node_->Owns(e.addr, e.length);
 }
@@ -199,6 +230,7 @@ std::vector<Status> StoreCore::Put(std::span<const std::string> keys,
   // engine batch for all.
   std::vector<Request> reqs;
   std::vector<size_t> owner;
+  std::vector<LocalCopy> local;
   Clock::time_point end = Clock::time_point::max();  // the first put timeout
   for (size_t j = 0; j < items.size(); ++j) {
     Status& st = out[index[j]];
@@ -210,7 +242,7 @@ std::vector<Status> StoreCore::Put(std::span<const std::string> keys,
       uint64_t off = 0;
       for (const auto& e : rep.extents) {
         if (Local(e)) {
-          std::memcpy(reinterpret_cast<void*>(e.addr), src.data + off, e.length);
+          local.push_back({reinterpret_cast<uint8_t*>(e.addr), src.data + off, e.length, j});
         } else if (auto seg = Segment(e.segment); !seg.ok()) {
           st = seg.status();
         } else {
@@ -222,6 +254,7 @@ std::vector<Status> StoreCore::Put(std::span<const std::string> keys,
       }
     }
   }
+  CopyLocal(local, Op::kWrite, &reqs, &owner);
   std::vector<Status> moved;
   RunBatch(engine_, reqs, Deadline(end), &moved);
   for (size_t r = 0; r < reqs.size(); ++r) {
@@ -323,13 +356,14 @@ std::vector<Result<size_t>> StoreCore::Get(std::span<const std::string> keys,
   for (size_t round = 0; !pending.empty(); ++round) {
     std::vector<Request> reqs;
     std::vector<size_t> owner;
+    std::vector<LocalCopy> local;
     std::vector<Status> item(found.size());
     for (size_t j : pending) {
       const StoreReplica& rep = found[j].location.replicas[order[j][round]];
       uint64_t off = 0;
       for (const auto& e : rep.extents) {
         if (Local(e)) {
-          std::memcpy(dst[j] + off, reinterpret_cast<const void*>(e.addr), e.length);
+          local.push_back({dst[j] + off, reinterpret_cast<const uint8_t*>(e.addr), e.length, j});
         } else if (auto seg = Segment(e.segment); !seg.ok()) {
           item[j] = seg.status();
         } else {
@@ -339,6 +373,7 @@ std::vector<Result<size_t>> StoreCore::Get(std::span<const std::string> keys,
         off += e.length;
       }
     }
+    CopyLocal(local, Op::kRead, &reqs, &owner);
     std::vector<Status> moved;
     RunBatch(engine_, reqs, deadline, &moved);
     for (size_t r = 0; r < reqs.size(); ++r) {

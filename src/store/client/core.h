@@ -24,6 +24,7 @@
 namespace ferry::store {
 
 class StoreNode;
+struct LocalCopy;
 
 // A value to put: `size` bytes at `data`.
 struct Source {
@@ -89,6 +90,10 @@ class StoreCore {
  private:
   Result<SegmentId> Segment(const std::string& name);
   bool Local(const StoreExtent& e) const;
+  // Copies to and from `node_`'s memory: inline, or (large) as requests on
+  // the engine's own segment appended to `reqs`, each owned by its item.
+  void CopyLocal(std::span<const LocalCopy> copies, Op op, std::vector<Request>* reqs,
+                 std::vector<size_t>* owner);
   void QueueReleases(std::vector<std::pair<std::string, uint64_t>> leases);
   void FlushReleases();
   void ReleaseLoop();

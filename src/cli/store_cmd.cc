@@ -1,0 +1,97 @@
+// `ferry store`: a shell client of the store, in the spirit of redis-cli.
+// Exit codes: 0 done, 1 the store said no (or `exists` found nothing), 2 bad
+// usage.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+
+#include "cli/cli.h"
+#include "ferry/store.h"
+
+namespace ferry::cli {
+namespace {
+
+int Fail(const Status& st) {
+  std::fprintf(stderr, "ferry store: %s\n", st.ToString().c_str());
+  return 1;
+}
+
+Result<std::vector<uint8_t>> ReadInput(const std::string& file) {
+  std::vector<uint8_t> data;
+  if (file == "-") {
+    data.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+    return data;
+  }
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return Status(StatusCode::kIoError, "cannot read " + file);
+  data.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  if (in.bad()) return Status(StatusCode::kIoError, "cannot read " + file);
+  return data;
+}
+
+Status WriteOutput(const std::string& file, const std::vector<uint8_t>& data) {
+  if (file.empty() || file == "-") {
+    std::fwrite(data.data(), 1, data.size(), stdout);
+    return std::fflush(stdout) == 0 ? Status::Ok() : Status(StatusCode::kIoError, "stdout");
+  }
+  std::ofstream out(file, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
+  out.close();
+  return out ? Status::Ok() : Status(StatusCode::kIoError, "cannot write " + file);
+}
+
+}  // namespace
+
+int StoreCommand(const StoreArgs& a) {
+  if (a.master.empty() == a.socket.empty()) {
+    std::fprintf(stderr, "ferry store: give one of --master HOST:PORT or --socket PATH\n");
+    return 2;
+  }
+  StoreOptions o;
+  o.rpc_timeout = std::chrono::milliseconds(a.timeout_ms);
+  o.master = a.master;
+  o.local_memory = 0;  // a pure client: it contributes nothing
+  auto opened = a.socket.empty() ? Store::Create(o) : Store::Attach(a.socket, o);
+  if (!opened.ok()) return Fail(opened.status());
+  Store& s = *opened.value();
+  if (a.command == "put") {
+    auto data = ReadInput(a.file);
+    if (!data.ok()) return Fail(data.status());
+    Status st = s.Put(a.key, data.value());
+    return st.ok() ? 0 : Fail(st);
+  }
+  if (a.command == "get") {
+    auto v = s.Get(a.key);
+    if (!v.ok()) return Fail(v.status());
+    Status st = WriteOutput(a.file, v.value());
+    return st.ok() ? 0 : Fail(st);
+  }
+  if (a.command == "exists") {
+    Status st = s.Exists(a.key);
+    if (st.code() == StatusCode::kNotFound) {
+      std::printf("false\n");
+      return 1;
+    }
+    if (!st.ok()) return Fail(st);
+    std::printf("true\n");
+    return 0;
+  }
+  if (a.command == "rm") {
+    Status st = s.Remove(a.key, a.force);
+    return st.ok() ? 0 : Fail(st);
+  }
+  auto stats = s.Stats();
+  if (!stats.ok()) return Fail(stats.status());
+  const StoreStats& x = stats.value();
+  nlohmann::json j = {{"capacity", x.capacity},
+                      {"used", x.used},
+                      {"nodes", x.nodes},
+                      {"objects", x.objects},
+                      {"master", s.master_address()}};
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
+}  // namespace ferry::cli
