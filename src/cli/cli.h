@@ -101,6 +101,7 @@ struct StoreArgs {
   bool force = false;
 };
 int StoreCommand(const StoreArgs& args);
+int BenchStoreLatency(const StoreArgs& args, uint64_t size, int iterations);
 
 // "4096", "64KiB", "1MiB", "2GiB", "1G" (binary multiples).
 Result<uint64_t> ParseSize(const std::string& s);

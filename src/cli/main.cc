@@ -206,6 +206,16 @@ int main(int argc, char** argv) {
     c->callback([c, &sa] { sa.command = c->get_name(); });
   }
 
+  StoreArgs la;
+  std::string la_size = "4096";
+  int la_iterations = 2000;
+  auto* bsl = bench->add_subcommand("store-latency",
+                                    "Median GetInto of one value, one call at a time (JSON)");
+  bsl->add_option("--master", la.master, "The master, host:port");
+  bsl->add_option("--socket", la.socket, "Or a node's attach socket");
+  bsl->add_option("--size", la_size, "Value bytes");
+  bsl->add_option("--iterations", la_iterations, "Timed calls")->check(CLI::Range(1, 10000000));
+
   DemoArgs d;
   std::string demo_bytes = "1GiB";
   auto* demo = app.add_subcommand("demo", "Move and verify data through every transport");
@@ -250,6 +260,11 @@ int main(int argc, char** argv) {
     return BenchStore(bs);
   }
   if (sc->parsed()) return StoreCommand(sa);
+  if (bsl->parsed()) {
+    uint64_t size = 0;
+    if (!SizeOption(la_size, &size, "--size") || size == 0) return 2;
+    return BenchStoreLatency(la, size, la_iterations);
+  }
   if (demo->parsed()) {
     if (!SizeOption(demo_bytes, &d.bytes, "--bytes")) return 2;
     return Demo(d);

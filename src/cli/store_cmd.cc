@@ -1,13 +1,18 @@
 // `ferry store`: a shell client of the store, in the spirit of redis-cli.
 // Exit codes: 0 done, 1 the store said no (or `exists` found nothing), 2 bad
 // usage.
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <iterator>
 #include <nlohmann/json.hpp>
 
+#include "cli/bench_util.h"
 #include "cli/cli.h"
+#include "common/clock.h"
 #include "ferry/store.h"
 
 namespace ferry::cli {
@@ -44,16 +49,20 @@ Status WriteOutput(const std::string& file, const std::vector<uint8_t>& data) {
 
 }  // namespace
 
-int StoreCommand(const StoreArgs& a) {
+// A pure client of --master, or attached to --socket.
+Result<std::unique_ptr<Store>> Open(const StoreArgs& a) {
   if (a.master.empty() == a.socket.empty()) {
-    std::fprintf(stderr, "ferry store: give one of --master HOST:PORT or --socket PATH\n");
-    return 2;
+    return Status(StatusCode::kInvalidArgument, "give one of --master HOST:PORT or --socket PATH");
   }
   StoreOptions o;
   o.rpc_timeout = std::chrono::milliseconds(a.timeout_ms);
   o.master = a.master;
   o.local_memory = 0;  // a pure client: it contributes nothing
-  auto opened = a.socket.empty() ? Store::Create(o) : Store::Attach(a.socket, o);
+  return a.socket.empty() ? Store::Create(o) : Store::Attach(a.socket, o);
+}
+
+int StoreCommand(const StoreArgs& a) {
+  auto opened = Open(a);
   if (!opened.ok()) return Fail(opened.status());
   Store& s = *opened.value();
   if (a.command == "put") {
@@ -94,4 +103,36 @@ int StoreCommand(const StoreArgs& a) {
   return 0;
 }
 
+// `ferry bench store-latency`: the C++ side of python/bench/bench_store_latency.py.
+// Puts one value, then times GetInto of it into AllocateBuffer memory, one
+// call at a time; prints the median and p99 in microseconds as JSON.
+int BenchStoreLatency(const StoreArgs& a, uint64_t size, int iterations) {
+  auto opened = Open(a);
+  if (!opened.ok()) return Fail(opened.status());
+  Store& s = *opened.value();
+  auto mem = s.AllocateBuffer(size);
+  if (!mem.ok()) return Fail(mem.status());
+  std::memset(mem.value()->data(), 0x5a, size);
+  const StoreBuffer buf{mem.value()->data(), size};
+  const std::string key = "latency/" + std::to_string(getpid());
+  if (Status st = s.PutFrom(key, buf); !st.ok()) return Fail(st);
+  std::vector<double> us;
+  us.reserve(static_cast<size_t>(iterations));
+  for (int i = 0; i < iterations; ++i) {
+    auto t0 = Clock::now();
+    auto r = s.GetInto(key, buf);
+    us.push_back(SecondsSince(t0) * 1e6);
+    if (!r.ok()) return Fail(r.status());
+  }
+  (void)s.Remove(key, true);
+  nlohmann::json j = {{"size", size},
+                      {"iterations", iterations},
+                      {"attached", !a.socket.empty()},
+                      {"p50_us", Percentile(us, 0.5)},
+                      {"p99_us", Percentile(us, 0.99)}};
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
 }  // namespace ferry::cli
+

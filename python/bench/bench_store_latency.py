@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Overhead of the Python store API: p50 of one 4 KiB get_into through
+ferry.Store, against the same Store::GetInto loop in C++ (`ferry bench
+store-latency`), both attached to one `ferry node --socket` (or, with
+--embedded, pure clients of its master), in alternating rounds.
+
+    PYTHONPATH=build/python python3 python/bench/bench_store_latency.py
+        [--ferry build/ferry] [--size 4096] [--iterations 2000] [--rounds 3]
+        [--embedded] [--out FILE]
+
+Prints a table; the last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import selectors
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import ferry
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def ready(proc: subprocess.Popen, timeout: float = 30.0) -> dict:
+    """The JSON line a `ferry` server prints once it serves."""
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if not sel.select(max(0.0, end - time.monotonic())):
+            break
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if line.startswith("{"):
+            return json.loads(line)
+    proc.kill()
+    raise RuntimeError(f"{proc.args} did not get ready")
+
+
+def python_p50(store: ferry.Store, size: int, iterations: int) -> float:
+    buf = store.allocate_buffer(size)
+    buf[:] = b"\x5a" * size
+    key = f"latency/py/{os.getpid()}"
+    store.put_from(key, buf)
+    us = []
+    for _ in range(iterations):
+        t0 = time.perf_counter()
+        store.get_into(key, buf)
+        us.append((time.perf_counter() - t0) * 1e6)
+    store.remove(key, force=True)
+    return statistics.median(us)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ferry", default=os.environ.get("FERRY_BIN", str(ROOT / "build/ferry")))
+    p.add_argument("--size", type=int, default=4096)
+    p.add_argument("--iterations", type=int, default=2000)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--embedded", action="store_true",
+                   help="pure clients of the master, not attached to the node")
+    p.add_argument("--out", help="also write the JSON here")
+    args = p.parse_args()
+
+    sock = os.path.join(tempfile.gettempdir(), f"ferry-latency-{os.getpid()}.sock")
+    procs = []
+    try:
+        master = subprocess.Popen([args.ferry, "master", "--http-port", "-1"],
+                                  stdout=subprocess.PIPE, text=True)
+        procs.append(master)
+        address = ready(master)["address"]
+        node = subprocess.Popen([args.ferry, "node", "--master", address, "--segment-size",
+                                 "64MiB", "--socket", sock], stdout=subprocess.PIPE, text=True)
+        procs.append(node)
+        ready(node)
+        where = ["--master", address] if args.embedded else ["--socket", sock]
+        store = (ferry.Store(master=address, local_memory=0) if args.embedded
+                 else ferry.Store.attach(sock))
+        py, cpp = [], []
+        for _ in range(args.rounds):
+            py.append(python_p50(store, args.size, args.iterations))
+            out = subprocess.run([args.ferry, "bench", "store-latency", *where, "--size",
+                                  str(args.size), "--iterations", str(args.iterations)],
+                                 capture_output=True, text=True, timeout=300, check=True)
+            cpp.append(json.loads(out.stdout.strip().splitlines()[-1])["p50_us"])
+        store.close()
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    result = {
+        "size": args.size, "iterations": args.iterations, "rounds": args.rounds,
+        "mode": "embedded" if args.embedded else "attached",
+        "python_p50_us": statistics.median(py), "cpp_p50_us": statistics.median(cpp),
+        "python_rounds_us": py, "cpp_rounds_us": cpp,
+    }
+    result["python_vs_cpp"] = result["python_p50_us"] / result["cpp_p50_us"]
+    print(f"get_into {args.size} B, {result['mode']}, medians of {args.rounds} rounds")
+    print(f"  python p50 {result['python_p50_us']:.1f} us   C++ p50 {result['cpp_p50_us']:.1f} us"
+          f"   ratio {result['python_vs_cpp']:.2f}")
+    line = json.dumps(result)
+    print(line)
+    if args.out:
+        Path(args.out).write_text(line + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
