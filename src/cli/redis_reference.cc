@@ -8,6 +8,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <thread>
@@ -95,9 +96,12 @@ Result<double> OnAll(const std::vector<int>& fds, F&& work) {
 }  // namespace
 
 Result<std::unique_ptr<RedisReference>> RedisReference::Start(int connections) {
-  std::string bin = "/usr/bin/redis-server";
+  // FERRY_REDIS_SERVER: a redis-server carried to a machine without Debian's.
+  const char* env = std::getenv("FERRY_REDIS_SERVER");
+  std::string bin = env != nullptr && *env != '\0' ? env : "/usr/bin/redis-server";
   if (access(bin.c_str(), X_OK) != 0) {
-    return Status(StatusCode::kUnavailable, "redis-server not installed (scripts/install-deps)");
+    return Status(StatusCode::kUnavailable,
+                  bin + " is not installed (scripts/install-deps, or FERRY_REDIS_SERVER)");
   }
   std::unique_ptr<RedisReference> r(new RedisReference());
   char tmpl[] = "/tmp/ferry-redis-XXXXXX";
