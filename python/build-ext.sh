@@ -11,6 +11,14 @@
 # OUTDIR receives ferry/ (the pure-Python package plus _ferry<suffix>.so); run with
 # PYTHONPATH=OUTDIR. PYTHON picks the interpreter (default python3); pybind11 comes
 # from `PYTHON -m pybind11 --includes`, else from the system include path.
+#
+# ferry.Store is built in when LIBDIR also holds libferry_store.a and
+# libferry_proto.a. They need gRPC, protobuf and cpp-httplib: the shared
+# libraries carried in LIBDIR when it has libgrpc++.so* (libgrpc++, libgrpc,
+# libgpr, libprotobuf, libcpp-httplib, plus every libabsl_*.so* there; their own
+# dependencies are found beside them or on the system), else pkg-config's.
+# Without the two archives the extension is built with -DFERRY_NO_STORE: the
+# engine works, and ferry.Store raises NotSupported (its tests skip).
 set -euo pipefail
 
 if [ $# -ne 2 ]; then
@@ -44,6 +52,29 @@ shared_lib() {
 cuda=()
 [ -f "$libdir/libcudart_static.a" ] && cuda=("$libdir/libcudart_static.a")
 
+sources=("$root/python/src/ferry_py.cc" "$root/python/src/store_py.cc")
+store=()
+if [ -f "$libdir/libferry_store.a" ] && [ -f "$libdir/libferry_proto.a" ]; then
+  # Static archives before the shared libraries that resolve them.
+  store=("$libdir/libferry_store.a" "$libdir/libferry_proto.a")
+  if ls "$libdir"/libgrpc++.so* >/dev/null 2>&1; then
+    for lib in grpc++ grpc gpr protobuf cpp-httplib; do store+=("$(shared_lib "$lib")"); done
+    # One name per library: a carried libabsl_x.so.V may come with libabsl_x.so.V.0.0.
+    for lib in $(ls "$libdir" | sed -n 's/^lib\(absl_[a-z0-9_]*\)\.so.*/\1/p' | sort -u); do
+      store+=("$(shared_lib "$lib")")
+    done
+  elif grpc="$(pkg-config --libs grpc++ protobuf cpp-httplib)"; then
+    read -r -a grpc <<<"$grpc"
+    store+=("${grpc[@]}")
+  else
+    echo "$0: the store needs gRPC: no libgrpc++.so* in $libdir, nor pkg-config's" >&2
+    exit 1
+  fi
+else
+  echo "$0: no libferry_store.a and libferry_proto.a in $libdir: building without ferry.Store" >&2
+  sources=(-DFERRY_NO_STORE "${sources[@]}")
+fi
+
 mkdir -p "$outdir/ferry"
 cp -r "$root/python/ferry/." "$outdir/ferry/"
 # The transports register themselves from static initializers: link every object.
@@ -54,8 +85,8 @@ fmt="$(shared_lib fmt)"
 # has, they are reported but do not stop the build.
 set -x
 "$cxx" -std=c++20 -O2 -fPIC -shared -fvisibility=hidden -Wall -Wextra \
-  -I"$root/include" $includes "$root/python/src/ferry_py.cc" \
+  -I"$root/include" $includes "${sources[@]}" \
   -o "$outdir/ferry/_ferry$suffix" \
   -Wl,--whole-archive "$libdir/libferry.a" -Wl,--no-whole-archive \
-  -L"$libdir" -Wl,--disable-new-dtags,-rpath,"$libdir" "$spdlog" "$fmt" \
+  -L"$libdir" -Wl,--disable-new-dtags,-rpath,"$libdir" "${store[@]}" "$spdlog" "$fmt" \
   "${cuda[@]}" -lrt -ldl -lpthread

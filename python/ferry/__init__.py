@@ -1,11 +1,14 @@
 """Ferry from Python: one-sided, batched reads and writes between the registered
-memory (host or GPU) of any two processes.
+memory (host or GPU) of any two processes, and a distributed key-value store.
 
     import ferry
     engine = ferry.TransferEngine(transport="tcp")
     seg = engine.open_segment("127.0.0.1:41234")
     engine.write(seg, numpy_array, remote_address)
     handle = engine.submit([ferry.Read(buf, seg, remote_address)]); handle.wait()
+
+    store = ferry.Store()  # or ferry.Store(master="host:port"), ferry.Store.attach(path)
+    store.put("key", numpy_array); store.get("key")
 
 Mooncake users: `from ferry.compat.mooncake import TransferEngine`.
 """
@@ -19,8 +22,9 @@ from .errors import (AlreadyExists, Busy, Cancelled, ConnectionLost, FerryError,
                      InvalidArgument, IoError, NotFound, NotSupported, OutOfRange,
                      PeerRestarted, ProtocolError, ResourceExhausted, Timeout, Unavailable,
                      error_class)
+from .store import Store
 
 __all__ = [
     "READ", "WRITE", "BatchStatus", "Buffer", "BufferInfo", "Read", "Request", "RequestResult",
-    "Segment", "SegmentInfo", "Transfer", "TransferEngine", "Write", "resolve",
+    "Segment", "SegmentInfo", "Store", "Transfer", "TransferEngine", "Write", "resolve",
 ] + errors.__all__

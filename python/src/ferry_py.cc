@@ -20,44 +20,23 @@
 
 #include "ferry/engine.h"
 #include "ferry/status.h"
+#include "py_status.h"
 
 namespace py = pybind11;
+
+using ferry_py::Addr;
+using ferry_py::Check;
+using ferry_py::NoGil;
+using ferry_py::Ptr;
+using ferry_py::RaiseInvalid;
+using ferry_py::Take;
+
+// ferry.Store's half (store_py.cc).
+void RegisterStore(py::module_& m);
 
 namespace {
 
 using Millis = std::chrono::milliseconds;
-
-// Raises ferry.errors' class for the code. The lookup runs only on failure.
-[[noreturn]] void Raise(const ferry::Status& st) {
-  py::object cls =
-      py::module_::import("ferry.errors").attr("error_class")(static_cast<int>(st.code()));
-  PyErr_SetObject(cls.ptr(), py::str(st.ToString()).ptr());
-  throw py::error_already_set();
-}
-
-[[noreturn]] void RaiseInvalid(std::string message) {
-  Raise(ferry::Status(ferry::StatusCode::kInvalidArgument, std::move(message)));
-}
-
-void Check(const ferry::Status& st) {
-  if (!st.ok()) Raise(st);
-}
-
-template <typename T>
-T Take(ferry::Result<T> r) {
-  if (!r.ok()) Raise(r.status());
-  return std::move(r).value();
-}
-
-// Runs `f` with the GIL released; its Status is checked after the GIL is back.
-template <typename F>
-auto NoGil(F&& f) {
-  py::gil_scoped_release nogil;
-  return f();
-}
-
-void* Ptr(uint64_t addr) { return reinterpret_cast<void*>(static_cast<uintptr_t>(addr)); }
-uint64_t Addr(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 
 // (op, local, segment, remote, length), op 0 = read and 1 = write.
 using RequestTuple = std::tuple<int, uint64_t, uint64_t, uint64_t, uint64_t>;
@@ -335,4 +314,6 @@ PYBIND11_MODULE(_ferry, m) {
   m.def("_bench_sync_write_latency", &BenchSyncWriteLatency, py::arg("engine"), py::arg("local"),
         py::arg("segment"), py::arg("remote"), py::arg("length"), py::arg("iterations"),
         py::arg("pause_ns") = 0);
+
+  RegisterStore(m);
 }

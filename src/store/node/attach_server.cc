@@ -381,7 +381,9 @@ Result<std::unique_ptr<AttachServer>> AttachServer::Start(StoreCore& core, Attac
     return Status::FromErrno(errno, "bind " + options.path);
   }
   // Before listen, so that nobody connects while the mode is still wider.
-  if (chmod(options.path.c_str(), 0600) != 0) return Status::FromErrno(errno, "chmod");
+  // Owner only; with allowed uids, anyone may connect and SO_PEERCRED decides.
+  const mode_t mode = options.allow_uids.empty() ? 0600 : 0666;
+  if (chmod(options.path.c_str(), mode) != 0) return Status::FromErrno(errno, "chmod");
   if (listen(s->listen_fd_, 128) != 0) return Status::FromErrno(errno, "listen");
   s->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (s->wake_fd_ < 0) return Status::FromErrno(errno, "eventfd");

@@ -1,5 +1,5 @@
 // The node's service to the applications on its host (`ferry node --socket`):
-// a Unix stream socket at a filesystem path, mode 0600, speaking the attach
+// a Unix stream socket at a filesystem path, speaking the attach
 // protocol (store/rpc/attach_wire.h). Each client gets a thread; its memfd
 // buffers are mapped once, registered with the node's engine, and referenced
 // by id afterwards. A client that goes away loses its buffers (unmapped once
@@ -24,8 +24,10 @@ namespace ferry::store {
 class StoreCore;
 
 struct AttachOptions {
-  std::string path;                // the socket's filesystem path
-  std::vector<uint32_t> allow_uids;  // besides this process's uid and root
+  std::string path;  // the socket's filesystem path
+  // Who may attach besides this process's uid and root. Empty: the socket's
+  // mode is 0600. Otherwise 0666, and SO_PEERCRED admits only these uids.
+  std::vector<uint32_t> allow_uids;
   size_t max_clients = 256;
   Millis handshake_timeout{5000};  // a connection must say Hello by then
   Millis frame_timeout{5000};      // a frame begun must be complete by then
