@@ -64,6 +64,16 @@ struct PutOptions {
   std::string preferred_segment;  // a node ("host:port") for the first copy, if it fits
   StorePin pin = StorePin::kNone;
   std::chrono::milliseconds pin_ttl{0};  // for kSoft
+  // Registered GPU memory is read after the work enqueued on this cudaStream_t
+  // before the call (DESIGN.md R1); null is the legacy default stream.
+  void* stream = nullptr;
+};
+
+struct GetOptions {
+  // Registered GPU memory is written after the work enqueued on this
+  // cudaStream_t before the call (R2), and holds the value when the call
+  // returns (R3); null is the legacy default stream.
+  void* stream = nullptr;
 };
 
 struct StoreOptions {
@@ -171,7 +181,7 @@ class Store {
   // inside one registered buffer. GetInto returns the value's size and fails
   // with OutOfRange when `buffer` is smaller than the value.
   Status PutFrom(std::string_view key, StoreBuffer buffer, const PutOptions& options = {});
-  Result<size_t> GetInto(std::string_view key, StoreBuffer buffer);
+  Result<size_t> GetInto(std::string_view key, StoreBuffer buffer, const GetOptions& options = {});
 
   // OK if a complete object exists, NotFound if not.
   Status Exists(std::string_view key);
@@ -195,7 +205,21 @@ class Store {
                                    std::span<const StoreBuffer> buffers,
                                    const PutOptions& options = {});
   std::vector<Result<size_t>> BatchGetInto(std::span<const std::string> keys,
-                                           std::span<const StoreBuffer> buffers);
+                                           std::span<const StoreBuffer> buffers,
+                                           const GetOptions& options = {});
+  // Multi-buffer forms: each object is the concatenation of its buffers, in
+  // order. BatchPutParts copies from any host memory (as Put); the others
+  // need registered memory (as PutFrom and GetInto). A get fills the buffers
+  // in order and fails with OutOfRange when their sum is smaller than the value.
+  std::vector<Status> BatchPutParts(std::span<const std::string> keys,
+                                    std::span<const std::vector<StoreBuffer>> parts,
+                                    const PutOptions& options = {});
+  std::vector<Status> BatchPutFromMulti(std::span<const std::string> keys,
+                                        std::span<const std::vector<StoreBuffer>> buffers,
+                                        const PutOptions& options = {});
+  std::vector<Result<size_t>> BatchGetIntoMulti(std::span<const std::string> keys,
+                                                std::span<const std::vector<StoreBuffer>> buffers,
+                                                const GetOptions& options = {});
   std::vector<Status> BatchExists(std::span<const std::string> keys);
   std::vector<Status> BatchRemove(std::span<const std::string> keys, bool force = false);
   std::vector<Result<ObjectLocation>> BatchLocate(std::span<const std::string> keys);

@@ -7,6 +7,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/bytes.h"
@@ -184,6 +185,94 @@ TEST(Attach, BatchesLargerThanStagingTakeRoundsAndOversizeIsRefused) {
   auto g = s.value()->Get("big");
   EXPECT_EQ(g.status().code(), StatusCode::kOutOfRange);
   EXPECT_NE(g.status().message().find("staging"), std::string::npos);
+}
+
+// Multi-buffer puts and gets on `s`: one object from several buffers of
+// uneven sizes, read back split another way; small (copied inline) and large
+// (on the engine's copy threads) values.
+void MultiBufferRoundTrips(Store& s, const std::string& prefix) {
+  for (const std::vector<size_t>& split : std::vector<std::vector<size_t>>{
+           {10, 20, 30}, {1000, 1 << 20, 3, 5 << 20}}) {
+    size_t total = 0;
+    for (size_t n : split) total += n;
+    auto mem = s.AllocateBuffer(total);
+    auto back = s.AllocateBuffer(total + 7);
+    ASSERT_TRUE(mem.ok() && back.ok());
+    auto* src = static_cast<uint8_t*>(mem.value()->data());
+    auto* dst = static_cast<uint8_t*>(back.value()->data());
+    FillRandom(src, total, total);
+    std::vector<StoreBuffer> in;
+    for (size_t off = 0, k = 0; k < split.size(); off += split[k++]) in.push_back({src + off, split[k]});
+    const std::string key = prefix + "/multi/" + std::to_string(total);
+    std::vector<std::string> keys = {key};
+    std::vector<std::vector<StoreBuffer>> ins = {in};
+    ASSERT_TRUE(s.BatchPutFromMulti(keys, ins)[0].ok());
+    // Read back into two buffers split elsewhere, the last one with room to spare.
+    std::memset(dst, 0, total + 7);
+    std::vector<std::vector<StoreBuffer>> outs = {{{dst, total / 3}, {dst + total / 3, total - total / 3 + 7}}};
+    auto got = s.BatchGetIntoMulti(keys, outs);
+    ASSERT_TRUE(got[0].ok()) << got[0].status().ToString();
+    EXPECT_EQ(got[0].value(), total);
+    EXPECT_EQ(std::memcmp(src, dst, total), 0);
+    // Parts from plain memory, copied.
+    std::vector<uint8_t> heap(src, src + total);
+    std::vector<StoreBuffer> plain;
+    for (size_t off = 0, k = 0; k < split.size(); off += split[k++]) plain.push_back({heap.data() + off, split[k]});
+    std::vector<std::string> pkeys = {key + "/parts"};
+    std::vector<std::vector<StoreBuffer>> pins = {plain};
+    ASSERT_TRUE(s.BatchPutParts(pkeys, pins)[0].ok());
+    auto whole = s.Get(pkeys[0]);
+    ASSERT_TRUE(whole.ok());
+    EXPECT_EQ(whole.value(), heap);
+    // Too little room: refused, and the buffers untouched.
+    std::memset(dst, 0xee, total + 7);
+    std::vector<std::vector<StoreBuffer>> small = {{{dst, 5}, {dst + 5, total - 6}}};
+    EXPECT_EQ(s.BatchGetIntoMulti(keys, small)[0].status().code(), StatusCode::kOutOfRange);
+    EXPECT_TRUE(std::all_of(dst, dst + total + 7, [](uint8_t b) { return b == 0xee; }));
+    // A part outside registered memory.
+    std::vector<std::vector<StoreBuffer>> stray = {{{src, 10}, {heap.data(), 10}}};
+    std::vector<std::string> skeys = {key + "/stray"};
+    EXPECT_EQ(s.BatchPutFromMulti(skeys, stray)[0].code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(s.Exists(skeys[0]).code(), StatusCode::kNotFound);
+  }
+}
+
+TEST(Attach, MultiBufferObjectsEmbeddedRemoteAndAttached) {
+  auto c = StartAttachCluster("multi");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  StoreOptions own;  // a node and a master in this process
+  own.local_memory = 32 << 20;
+  auto embedded = Store::Create(own);
+  ASSERT_TRUE(embedded.ok()) << embedded.status().ToString();
+  MultiBufferRoundTrips(*embedded.value(), "embedded");
+  auto remote = Client(c.value().master.address);
+  ASSERT_TRUE(remote.ok());
+  MultiBufferRoundTrips(*remote.value(), "remote");
+  auto attached = Store::Attach(c.value().path, Small());
+  ASSERT_TRUE(attached.ok());
+  MultiBufferRoundTrips(*attached.value(), "attached");
+  // Attached, a part in plain registered memory goes through staging.
+  Store& a = *attached.value();
+  auto mem = a.AllocateBuffer(4096);
+  ASSERT_TRUE(mem.ok());
+  std::vector<uint8_t> heap(3000);
+  ASSERT_TRUE(a.RegisterBuffer(heap.data(), heap.size()).ok());
+  FillRandom(mem.value()->data(), 4096, 1);
+  FillRandom(heap.data(), heap.size(), 2);
+  std::vector<std::string> keys = {"mixed"};
+  std::vector<std::vector<StoreBuffer>> in = {{{mem.value()->data(), 4096}, {heap.data(), 3000}}};
+  ASSERT_TRUE(a.BatchPutFromMulti(keys, in)[0].ok());
+  auto got = a.Get("mixed");
+  ASSERT_TRUE(got.ok());
+  ASSERT_EQ(got.value().size(), 7096u);
+  EXPECT_EQ(std::memcmp(got.value().data(), mem.value()->data(), 4096), 0);
+  EXPECT_EQ(std::memcmp(got.value().data() + 4096, heap.data(), 3000), 0);
+  std::vector<uint8_t> back(3000, 0);
+  ASSERT_TRUE(a.RegisterBuffer(back.data(), back.size()).ok());
+  std::memset(mem.value()->data(), 0, 4096);
+  std::vector<std::vector<StoreBuffer>> out = {{{mem.value()->data(), 4096}, {back.data(), 3000}}};
+  ASSERT_TRUE(a.BatchGetIntoMulti(keys, out)[0].ok());
+  EXPECT_EQ(std::memcmp(back.data(), heap.data(), 3000), 0);
 }
 
 TEST(Attach, NothingListeningIsUnavailable) {

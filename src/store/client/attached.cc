@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "common/bytes.h"
+#include "gpu/gpu.h"
 #include "store/client/store_impl.h"
 #include "store/rpc/attach_wire.h"
 #include "store/rpc/limits.h"
@@ -17,6 +18,7 @@
 namespace ferry {
 namespace {
 
+using store::Part;
 using store::Sink;
 using store::Source;
 using store::attach::Frame;
@@ -81,6 +83,11 @@ class AttachedStore final : public Store::Impl {
     if (data == nullptr || size == 0) {
       return Status(StatusCode::kInvalidArgument, "a buffer needs an address and a size");
     }
+    if (gpu::Classify(data).kind == gpu::MemoryKind::kDevice) {
+      return Status(StatusCode::kNotSupported,
+                    "GPU memory cannot be registered with an attached store yet; use an "
+                    "embedded store (Store::Create) for GPU buffers");
+    }
     std::lock_guard lock(mu_);
     const auto a = reinterpret_cast<uint64_t>(data);
     auto next = registered_.lower_bound(a);
@@ -116,8 +123,9 @@ class AttachedStore final : public Store::Impl {
 
   std::vector<Status> Put(std::span<const std::string> keys, std::span<const Source> values,
                           const PutOptions& po, bool registered) override;
+  // GPU memory never gets here: RegisterBuffer refuses it.
   std::vector<Result<size_t>> Get(std::span<const std::string> keys, std::span<Sink> sinks,
-                                  bool registered) override;
+                                  bool registered, const GetOptions& options) override;
 
   std::vector<Status> Exists(std::span<const std::string> keys) override {
     return KeyOp(Type::kExists, keys, [](ByteWriter&) {});
@@ -302,9 +310,11 @@ std::vector<Status> AttachedStore::Put(std::span<const std::string> keys,
   std::lock_guard lock(mu_);
   const uint64_t cap = staging_.mem->size();
   auto* staging = static_cast<uint8_t*>(staging_.mem->data());
-  // Items of the request being built, and the staging bytes they use.
+  // Items of the request being built, their parts (buffer, offset, length),
+  // and the staging bytes they use.
+  using Ref = std::tuple<uint32_t, uint64_t, uint64_t>;
   std::vector<size_t> batch;
-  std::vector<std::tuple<uint32_t, uint64_t, uint64_t>> refs;  // buffer, offset, length
+  std::vector<std::vector<Ref>> refs;
   uint64_t used = 0;
   auto flush = [&] {
     if (batch.empty()) return;
@@ -317,9 +327,12 @@ std::vector<Status> AttachedStore::Put(std::span<const std::string> keys,
     w.U32(static_cast<uint32_t>(batch.size()));
     for (size_t k = 0; k < batch.size(); ++k) {
       w.Str(keys[batch[k]]);
-      w.U32(std::get<0>(refs[k]));
-      w.U64(std::get<1>(refs[k]));
-      w.U64(std::get<2>(refs[k]));
+      w.U32(static_cast<uint32_t>(refs[k].size()));
+      for (const auto& [id, off, len] : refs[k]) {
+        w.U32(id);
+        w.U64(off);
+        w.U64(len);
+      }
     }
     auto f = Call(Type::kPut, p);
     ByteReader r(f.ok() ? f.value().payload.data() : nullptr, f.ok() ? f.value().payload.size() : 0);
@@ -334,26 +347,40 @@ std::vector<Status> AttachedStore::Put(std::span<const std::string> keys,
     used = 0;
   };
   for (size_t i = 0; i < keys.size(); ++i) {
-    const Source& v = values[i];
-    auto range = Containing(registered_, v.data, v.size);
+    const std::vector<Part>& parts = values[i].parts;
     out[i] = store::CheckKey(keys[i]);
-    if (out[i].ok() && registered && range == registered_.end()) out[i] = NotRegistered();
-    if (!out[i].ok()) continue;
-    if (range != registered_.end() && range->second.mem != nullptr) {
-      refs.emplace_back(range->second.id, reinterpret_cast<uint64_t>(v.data) - range->first,
-                        v.size);
-    } else if (v.size > cap) {
+    if (out[i].ok() && (parts.empty() || parts.size() > attach::kMaxParts)) {
       out[i] = Status(StatusCode::kInvalidArgument,
-                      "a value of " + std::to_string(v.size) + " bytes exceeds the attach "
+                      "a value needs 1 to " + std::to_string(attach::kMaxParts) + " buffers");
+    }
+    // Parts in shared memory go by reference; the others through staging.
+    uint64_t staged = 0;
+    for (size_t k = 0; out[i].ok() && k < parts.size(); ++k) {
+      auto range = Containing(registered_, parts[k].data, parts[k].size);
+      if (registered && range == registered_.end()) out[i] = NotRegistered();
+      if (range == registered_.end() || range->second.mem == nullptr) staged += parts[k].size;
+    }
+    if (out[i].ok() && staged > cap) {
+      out[i] = Status(StatusCode::kInvalidArgument,
+                      "a value of " + std::to_string(staged) + " bytes exceeds the attach "
                       "staging area of " + std::to_string(cap) +
                           " bytes; put it from AllocateBuffer memory or raise attach_staging");
-      continue;
-    } else {
-      if (cap - used < v.size) flush();
-      if (v.size > 0) std::memcpy(staging + used, v.data, v.size);
-      refs.emplace_back(staging_.id, used, v.size);
-      used += v.size;
     }
+    if (!out[i].ok()) continue;
+    if (cap - used < staged) flush();
+    std::vector<Ref> item;
+    for (const Part& part : parts) {
+      auto range = Containing(registered_, part.data, part.size);
+      if (range != registered_.end() && range->second.mem != nullptr) {
+        item.emplace_back(range->second.id, reinterpret_cast<uint64_t>(part.data) - range->first,
+                          part.size);
+        continue;
+      }
+      if (part.size > 0) std::memcpy(staging + used, part.data, part.size);
+      item.emplace_back(staging_.id, used, part.size);
+      used += part.size;
+    }
+    refs.push_back(std::move(item));
     batch.push_back(i);
     if (batch.size() == attach::kMaxItems) flush();
   }
@@ -362,29 +389,38 @@ std::vector<Status> AttachedStore::Put(std::span<const std::string> keys,
 }
 
 std::vector<Result<size_t>> AttachedStore::Get(std::span<const std::string> keys,
-                                               std::span<Sink> sinks, bool registered) {
+                                               std::span<Sink> sinks, bool registered,
+                                               const GetOptions&) {
   std::vector<Status> st(keys.size());
   std::vector<size_t> sizes(keys.size(), 0);
   std::lock_guard lock(mu_);
   const uint64_t cap = staging_.mem->size();
   const auto* staging = static_cast<const uint8_t*>(staging_.mem->data());
-  // Per item: shared memory (buffer id, offset) for a direct read, or packed
-  // into staging and copied out here.
-  std::vector<std::pair<uint32_t, uint64_t>> direct(keys.size(), {attach::kPacked, 0});
+  // Per item: its parts in shared memory (buffer id, offset, capacity) for a
+  // direct read, or none: packed into staging and copied out here.
+  using Ref = std::tuple<uint32_t, uint64_t, uint64_t>;
+  std::vector<std::vector<Ref>> direct(keys.size());
   std::vector<size_t> pending;
   for (size_t i = 0; i < keys.size(); ++i) {
     st[i] = store::CheckKey(keys[i]);
-    if (!st[i].ok()) continue;
-    if (sinks[i].vec == nullptr) {
-      auto range = Containing(registered_, sinks[i].buf, sinks[i].cap);
-      if (registered && range == registered_.end()) {
-        st[i] = NotRegistered();
-        continue;
-      }
-      if (range != registered_.end() && range->second.mem != nullptr) {
-        direct[i] = {range->second.id, reinterpret_cast<uint64_t>(sinks[i].buf) - range->first};
+    if (st[i].ok() && sinks[i].parts.size() > attach::kMaxParts) {
+      st[i] = Status(StatusCode::kInvalidArgument,
+                     "at most " + std::to_string(attach::kMaxParts) + " buffers per value");
+    }
+    bool shared = sinks[i].vec == nullptr;
+    for (size_t k = 0; st[i].ok() && sinks[i].vec == nullptr && k < sinks[i].parts.size(); ++k) {
+      const Part& part = sinks[i].parts[k];
+      auto range = Containing(registered_, part.data, part.size);
+      if (registered && range == registered_.end()) st[i] = NotRegistered();
+      if (range == registered_.end() || range->second.mem == nullptr) {
+        shared = false;
+      } else {
+        direct[i].emplace_back(range->second.id,
+                               reinterpret_cast<uint64_t>(part.data) - range->first, part.size);
       }
     }
+    if (!st[i].ok()) continue;
+    if (!shared || direct[i].empty()) direct[i].clear();
     pending.push_back(i);
   }
   // Rounds: packed values that found no room left in staging go again, first.
@@ -400,10 +436,12 @@ std::vector<Result<size_t>> AttachedStore::Get(std::span<const std::string> keys
     w.U32(static_cast<uint32_t>(n));
     for (size_t i : batch) {
       w.Str(keys[i]);
-      const bool packed = direct[i].first == attach::kPacked;
-      w.U32(direct[i].first);
-      w.U64(direct[i].second);
-      w.U64(packed ? 0 : sinks[i].cap);
+      w.U32(static_cast<uint32_t>(direct[i].size()));  // 0: packed
+      for (const auto& [id, off, len] : direct[i]) {
+        w.U32(id);
+        w.U64(off);
+        w.U64(len);
+      }
     }
     auto f = Call(Type::kGet, p);
     if (!f.ok()) {
@@ -420,7 +458,7 @@ std::vector<Result<size_t>> AttachedStore::Get(std::span<const std::string> keys
       Status s = ReadStatus(r);
       const uint64_t size = r.U64(), off = r.U64();
       got.emplace_back(batch[k], std::move(s), size, off);
-      if (std::get<1>(got.back()).ok() && direct[batch[k]].first == attach::kPacked) {
+      if (std::get<1>(got.back()).ok() && direct[batch[k]].empty()) {
         placed_any = true;
       }
     }
@@ -432,7 +470,7 @@ std::vector<Result<size_t>> AttachedStore::Get(std::span<const std::string> keys
     }
     for (auto& [i, s, size, off] : got) {
       sizes[i] = size;
-      const bool packed = direct[i].first == attach::kPacked;
+      const bool packed = direct[i].empty();
       if (!packed || (!s.ok() && s.code() != StatusCode::kOutOfRange)) {
         st[i] = s;
         continue;
@@ -462,12 +500,18 @@ std::vector<Result<size_t>> AttachedStore::Get(std::span<const std::string> keys
           st[i] = Status(StatusCode::kResourceExhausted,
                          "cannot allocate " + std::to_string(size) + " bytes for the value");
         }
-      } else if (sink.cap < size) {
-        st[i] = Status(StatusCode::kOutOfRange, "buffer of " + std::to_string(sink.cap) +
+      } else if (const size_t room = store::TotalSize(sink.parts); room < size) {
+        st[i] = Status(StatusCode::kOutOfRange, "buffer of " + std::to_string(room) +
                                                     " bytes; the value has " +
                                                     std::to_string(size));
       } else {
-        std::memcpy(sink.buf, staging + off, size);
+        // The parts in order, as the value's bytes.
+        uint64_t done = 0;
+        for (const Part& part : sink.parts) {
+          const uint64_t n = std::min<uint64_t>(part.size, size - done);
+          if (n > 0) std::memcpy(part.data, staging + off + done, n);
+          done += n;
+        }
       }
     }
     retry.insert(retry.end(), later.begin(), later.end());

@@ -5,6 +5,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/thread_name.h"
+#include "gpu/gpu.h"
 #include "store/master/master.h"
 #include "store/node/node.h"
 
@@ -44,14 +45,39 @@ std::vector<Status> KeyCall(std::span<const std::string> keys, F&& call) {
   return out;
 }
 
+// Calls f(part bytes, extent, offset in the extent, length) for each piece
+// where the replica's extents and the parts, both in value order, overlap.
+template <typename F>
+void Pieces(const StoreReplica& rep, std::span<const Part> parts, F&& f) {
+  size_t pi = 0;
+  uint64_t po = 0;
+  for (const StoreExtent& e : rep.extents) {
+    uint64_t eo = 0;
+    while (eo < e.length && pi < parts.size()) {
+      const uint64_t n = std::min<uint64_t>(e.length - eo, parts[pi].size - po);
+      if (n > 0) f(parts[pi].data + po, e, eo, n);
+      eo += n;
+      po += n;
+      if (po == parts[pi].size) {
+        ++pi;
+        po = 0;
+      }
+    }
+  }
+}
+
 // One engine batch over `reqs`; per-request outcome into `out` (OK or the
-// error). Requests not done by `deadline` fail with Timeout.
-void RunBatch(Engine& engine, const std::vector<Request>& reqs, Deadline deadline,
+// error). Requests not done by `deadline` fail with Timeout. `stream` orders
+// the GPU memory among them (R1, R2).
+void RunBatch(Engine& engine, const std::vector<Request>& reqs, Deadline deadline, void* stream,
               std::vector<Status>* out) {
   out->assign(reqs.size(), Status::Ok());
   if (reqs.empty()) return;
   auto left = std::max(Millis(1), std::chrono::duration_cast<Millis>(deadline.Remaining()));
-  auto batch = engine.Submit(reqs, left);
+  SubmitOptions so;
+  so.timeout = left;
+  so.stream = stream;
+  auto batch = engine.Submit(reqs, so);
   if (!batch.ok()) {
     out->assign(reqs.size(), batch.status());
     return;
@@ -74,6 +100,12 @@ void RunBatch(Engine& engine, const std::vector<Request>& reqs, Deadline deadlin
 constexpr uint64_t kEngineCopyBytes = 4ull << 20;
 
 }  // namespace
+
+size_t TotalSize(std::span<const Part> parts) {
+  size_t n = 0;
+  for (const Part& p : parts) n += p.size;
+  return n;
+}
 
 struct LocalCopy {
   uint8_t* dst;
@@ -145,8 +177,10 @@ Result<SegmentId> StoreCore::Segment(const std::string& name) {
 
 Status StoreCore::Register(void* data, size_t size) {
   FERRY_RETURN_IF_ERROR(engine_.RegisterMemory(data, size));
+  // Classified once here, as the engine does, never per request.
+  const bool gpu = gpu::Classify(data).kind == gpu::MemoryKind::kDevice;
   std::lock_guard lock(buf_mu_);
-  buffers_[reinterpret_cast<uint64_t>(data)] = size;
+  buffers_[reinterpret_cast<uint64_t>(data)] = {size, gpu};
   return Status::Ok();
 }
 
@@ -157,21 +191,44 @@ Status StoreCore::Unregister(void* data) {
   return Status::Ok();
 }
 
-bool StoreCore::Registered(const void* p, size_t n) {
+const StoreCore::Range* StoreCore::Find(const void* p, size_t n) const {
   const auto a = reinterpret_cast<uint64_t>(p);
-  std::lock_guard lock(buf_mu_);
   auto it = buffers_.upper_bound(a);
-  if (it == buffers_.begin()) return false;
+  if (it == buffers_.begin()) return nullptr;
   --it;
-  return a - it->first <= it->second && n <= it->second - (a - it->first);
+  const uint64_t size = it->second.size;
+  return a - it->first <= size && n <= size - (a - it->first) ? &it->second : nullptr;
+}
+
+bool StoreCore::Registered(const void* p, size_t n) {
+  std::lock_guard lock(buf_mu_);
+  return Find(p, n) != nullptr;
+}
+
+bool StoreCore::Registered(std::span<const Part> parts) {
+  std::lock_guard lock(buf_mu_);
+  for (const Part& p : parts) {
+    if (Find(p.data, p.size) == nullptr) return false;
+  }
+  return true;
+}
+
+bool StoreCore::AnyGpu(std::span<const LocalCopy> copies, Op op) {
+  std::lock_guard lock(buf_mu_);
+  for (const LocalCopy& c : copies) {
+    const Range* r = Find(op == Op::kWrite ? c.src : c.dst, c.length);
+    if (r != nullptr && r->gpu) return true;
+  }
+  return false;
 }
 
 void StoreCore::CopyLocal(std::span<const LocalCopy> copies, Op op, std::vector<Request>* reqs,
                           std::vector<size_t>* owner) {
   uint64_t bytes = 0;
   for (const LocalCopy& c : copies) bytes += c.length;
+  // GPU memory is the engine's to copy (R1-R3), whatever the size.
   Result<SegmentId> self = Status(StatusCode::kNotFound, "inline");
-  if (bytes >= kEngineCopyBytes) self = Segment(engine_.name());
+  if (bytes >= kEngineCopyBytes || AnyGpu(copies, op)) self = Segment(engine_.name());
   for (const LocalCopy& c : copies) {
     if (!self.ok()) {
       std::memcpy(c.dst, c.src, c.length);
@@ -203,13 +260,12 @@ std::vector<Status> StoreCore::Put(std::span<const std::string> keys,
   for (size_t i = 0; i < keys.size(); ++i) {
     if (!out[i].ok()) continue;
     out[i] = Master::CheckKey(keys[i]);
-    if (out[i].ok() && (values[i].size == 0 || values[i].data == nullptr)) {
-      out[i] = Status(StatusCode::kInvalidArgument, "empty value");
-    }
+    const size_t size = TotalSize(values[i].parts);
+    if (out[i].ok() && size == 0) out[i] = Status(StatusCode::kInvalidArgument, "empty value");
     if (!out[i].ok()) continue;
     PutRequestItem it;
     it.key = keys[i];
-    it.size = values[i].size;
+    it.size = size;
     it.replicas = po.replicas == 0 ? options_.replicas : po.replicas;
     it.preferred = po.preferred_segment;
     it.pin = po.pin;
@@ -239,24 +295,21 @@ std::vector<Status> StoreCore::Put(std::span<const std::string> keys,
     end = std::min(end, t0 + g[j].timeout);
     const Source& src = values[index[j]];
     for (const auto& rep : g[j].replicas) {
-      uint64_t off = 0;
-      for (const auto& e : rep.extents) {
+      Pieces(rep, src.parts, [&](uint8_t* p, const StoreExtent& e, uint64_t eo, uint64_t n) {
         if (Local(e)) {
-          local.push_back({reinterpret_cast<uint8_t*>(e.addr), src.data + off, e.length, j});
+          local.push_back({reinterpret_cast<uint8_t*>(e.addr + eo), p, n, j});
         } else if (auto seg = Segment(e.segment); !seg.ok()) {
           st = seg.status();
         } else {
-          reqs.push_back(
-              {Op::kWrite, const_cast<uint8_t*>(src.data + off), seg.value(), e.addr, e.length});
+          reqs.push_back({Op::kWrite, p, seg.value(), e.addr + eo, n});
           owner.push_back(j);
         }
-        off += e.length;
-      }
+      });
     }
   }
   CopyLocal(local, Op::kWrite, &reqs, &owner);
   std::vector<Status> moved;
-  RunBatch(engine_, reqs, Deadline(end), &moved);
+  RunBatch(engine_, reqs, Deadline(end), po.stream, &moved);
   for (size_t r = 0; r < reqs.size(); ++r) {
     Status& st = out[index[owner[r]]];
     if (st.ok() && !moved[r].ok()) st = moved[r];
@@ -280,7 +333,7 @@ std::vector<Status> StoreCore::Put(std::span<const std::string> keys,
 }
 
 std::vector<Result<size_t>> StoreCore::Get(std::span<const std::string> keys,
-                                           std::span<Sink> sinks) {
+                                           std::span<Sink> sinks, void* stream) {
   std::vector<Status> st;
   const auto [ask, index] = CheckKeys(keys, &st);
   std::vector<uint64_t> sizes(keys.size(), 0);
@@ -296,7 +349,7 @@ std::vector<Result<size_t>> StoreCore::Get(std::span<const std::string> keys,
   }
   // Replica order per item: one in this process first.
   std::vector<std::vector<size_t>> order(found.size());
-  std::vector<uint8_t*> dst(found.size(), nullptr);
+  std::vector<std::vector<Part>> dst(found.size());
   Clock::time_point lease_end = Clock::time_point::max();  // the first lease to end
   for (size_t j = 0; j < found.size(); ++j) {
     const size_t i = index[j];
@@ -314,22 +367,22 @@ std::vector<Result<size_t>> StoreCore::Get(std::span<const std::string> keys,
                        "cannot allocate " + std::to_string(loc.size) + " bytes for the value");
         continue;
       }
-      dst[j] = s.vec->data();
+      dst[j] = {Part{s.vec->data(), loc.size}};
     } else if (s.pack != nullptr) {
       if (s.pack->cap - s.pack->used < loc.size) {
         st[i] = Status(StatusCode::kOutOfRange, "no room left for the value's " +
                                                     std::to_string(loc.size) + " bytes");
         continue;
       }
-      s.buf = dst[j] = s.pack->base + s.pack->used;
+      s.parts = dst[j] = {Part{s.pack->base + s.pack->used, loc.size}};
       s.pack->used += loc.size;
-    } else if (s.cap < loc.size) {
+    } else if (const size_t cap = TotalSize(s.parts); cap < loc.size) {
       st[i] =
-          Status(StatusCode::kOutOfRange, "buffer of " + std::to_string(s.cap) +
+          Status(StatusCode::kOutOfRange, "buffer of " + std::to_string(cap) +
                                               " bytes; the value has " + std::to_string(loc.size));
       continue;
     } else {
-      dst[j] = s.buf;
+      dst[j] = s.parts;
     }
     lease_end = std::min(lease_end, t0 + loc.lease);
     for (size_t r = 0; r < loc.replicas.size(); ++r) {
@@ -360,22 +413,20 @@ std::vector<Result<size_t>> StoreCore::Get(std::span<const std::string> keys,
     std::vector<Status> item(found.size());
     for (size_t j : pending) {
       const StoreReplica& rep = found[j].location.replicas[order[j][round]];
-      uint64_t off = 0;
-      for (const auto& e : rep.extents) {
+      Pieces(rep, dst[j], [&](uint8_t* p, const StoreExtent& e, uint64_t eo, uint64_t n) {
         if (Local(e)) {
-          local.push_back({dst[j] + off, reinterpret_cast<const uint8_t*>(e.addr), e.length, j});
+          local.push_back({p, reinterpret_cast<const uint8_t*>(e.addr + eo), n, j});
         } else if (auto seg = Segment(e.segment); !seg.ok()) {
           item[j] = seg.status();
         } else {
-          reqs.push_back({Op::kRead, dst[j] + off, seg.value(), e.addr, e.length});
+          reqs.push_back({Op::kRead, p, seg.value(), e.addr + eo, n});
           owner.push_back(j);
         }
-        off += e.length;
-      }
+      });
     }
     CopyLocal(local, Op::kRead, &reqs, &owner);
     std::vector<Status> moved;
-    RunBatch(engine_, reqs, deadline, &moved);
+    RunBatch(engine_, reqs, deadline, stream, &moved);
     for (size_t r = 0; r < reqs.size(); ++r) {
       if (item[owner[r]].ok() && !moved[r].ok()) item[owner[r]] = moved[r];
     }

@@ -26,10 +26,19 @@ namespace ferry::store {
 class StoreNode;
 struct LocalCopy;
 
-// A value to put: `size` bytes at `data`.
-struct Source {
-  const uint8_t* data = nullptr;
+// A run of bytes in this process (read-only for a put).
+struct Part {
+  uint8_t* data = nullptr;
   size_t size = 0;
+};
+size_t TotalSize(std::span<const Part> parts);
+
+// A value to put: the concatenation of its parts.
+struct Source {
+  std::vector<Part> parts;
+  static Source Of(const void* data, size_t size) {
+    return {{Part{static_cast<uint8_t*>(const_cast<void*>(data)), size}}};
+  }
 };
 
 // A region that values are packed into, one after another, as they arrive.
@@ -39,13 +48,12 @@ struct Pack {
   size_t used = 0;
 };
 
-// Where a get puts a value: a vector sized on arrival, a caller buffer of
-// `cap` bytes, or the next free bytes of `pack` (then `buf` is set to them;
-// OutOfRange when they are too few).
+// Where a get puts a value: a vector sized on arrival, caller memory filled
+// part by part (OutOfRange when their sum is too small), or the next free
+// bytes of `pack` (then `parts` is set to them; OutOfRange when too few).
 struct Sink {
   std::vector<uint8_t>* vec = nullptr;
-  uint8_t* buf = nullptr;
-  size_t cap = 0;
+  std::vector<Part> parts;
   Pack* pack = nullptr;
   size_t size = 0;  // set by Get to the value's size whenever the key was found
 };
@@ -66,12 +74,16 @@ class StoreCore {
   StoreCore& operator=(const StoreCore&) = delete;
 
   // One result per key, in order. `pre` may arrive with items already failed;
-  // those are skipped. Sources need not be registered: local replicas are
-  // copied by memcpy, remote ones must be reachable by the engine.
+  // those are skipped. Host sources need not be registered: local replicas
+  // are copied by memcpy, remote ones by the engine; GPU sources must be
+  // registered, and are read after the work enqueued on options.stream (R1).
   std::vector<Status> Put(std::span<const std::string> keys, std::span<const Source> values,
                           const PutOptions& options, std::vector<Status> pre = {});
   // Sizes of the values read into `sinks` (one per key).
-  std::vector<Result<size_t>> Get(std::span<const std::string> keys, std::span<Sink> sinks);
+  // GPU memory among the sinks is written after the work enqueued on
+  // `stream` (R2), and has arrived when Get returns.
+  std::vector<Result<size_t>> Get(std::span<const std::string> keys, std::span<Sink> sinks,
+                                  void* stream = nullptr);
   std::vector<Status> Exists(std::span<const std::string> keys);
   std::vector<Status> Remove(std::span<const std::string> keys, bool force);
   std::vector<Status> Pin(std::span<const std::string> keys, StorePin pin,
@@ -80,10 +92,11 @@ class StoreCore {
   Result<StoreStats> Stats() { return client_.Stats(); }
 
   // Memory the engine may move straight to and from (RegisterMemory), and
-  // that Registered then accepts.
+  // that Registered then accepts. GPU memory is copied by the engine only.
   Status Register(void* data, size_t size);
   Status Unregister(void* data);
   bool Registered(const void* data, size_t size);
+  bool Registered(std::span<const Part> parts);
 
   Engine& engine() { return engine_; }
 
@@ -94,6 +107,8 @@ class StoreCore {
   // the engine's own segment appended to `reqs`, each owned by its item.
   void CopyLocal(std::span<const LocalCopy> copies, Op op, std::vector<Request>* reqs,
                  std::vector<size_t>* owner);
+  // Whether any of `copies`' own-side memory is registered GPU memory.
+  bool AnyGpu(std::span<const LocalCopy> copies, Op op);
   void QueueReleases(std::vector<std::pair<std::string, uint64_t>> leases);
   void FlushReleases();
   void ReleaseLoop();
@@ -106,7 +121,12 @@ class StoreCore {
   std::mutex seg_mu_;
   std::unordered_map<std::string, SegmentId> segments_;  // guarded by seg_mu_
   std::mutex buf_mu_;
-  std::map<uint64_t, uint64_t> buffers_;  // registered ranges; guarded by buf_mu_
+  struct Range {
+    uint64_t size = 0;
+    bool gpu = false;
+  };
+  std::map<uint64_t, Range> buffers_;  // registered ranges; guarded by buf_mu_
+  const Range* Find(const void* p, size_t n) const;  // requires buf_mu_
 
   // Leases of finished gets are ended by a background thread, off the get's
   // path; a remove sends the pending ones first.

@@ -93,21 +93,21 @@ class EmbeddedStore final : public Store::Impl {
                           const PutOptions& options, bool registered) override {
     std::vector<Status> pre(keys.size());
     for (size_t i = 0; registered && i < keys.size() && i < values.size(); ++i) {
-      if (!core_->Registered(values[i].data, values[i].size)) pre[i] = NotRegistered();
+      if (!core_->Registered(values[i].parts)) pre[i] = NotRegistered();
     }
     return core_->Put(keys, values, options, std::move(pre));
   }
 
   std::vector<Result<size_t>> Get(std::span<const std::string> keys, std::span<Sink> sinks,
-                                  bool registered) override {
+                                  bool registered, const GetOptions& options) override {
     std::vector<bool> bad(keys.size(), false);
     for (size_t i = 0; registered && i < keys.size(); ++i) {
-      if (!core_->Registered(sinks[i].buf, sinks[i].cap)) {
+      if (sinks[i].parts.empty() || !core_->Registered(sinks[i].parts)) {
         bad[i] = true;
         sinks[i] = Sink{};  // a zero-capacity sink: the core does not write it
       }
     }
-    auto out = core_->Get(keys, sinks);
+    auto out = core_->Get(keys, sinks, options.stream);
     for (size_t i = 0; i < keys.size(); ++i) {
       if (bad[i]) out[i] = NotRegistered();
     }
@@ -195,7 +195,7 @@ Result<StoreStats> Store::Stats() { return impl_->Stats(); }
 
 Status Store::Put(std::string_view key, std::span<const uint8_t> value, const PutOptions& o) {
   std::string k(key);
-  const Source src{value.data(), value.size()};
+  const Source src = Source::Of(value.data(), value.size());
   return impl_->Put({&k, 1}, {&src, 1}, o, false)[0];
 }
 
@@ -208,8 +208,8 @@ Status Store::PutFrom(std::string_view key, StoreBuffer buffer, const PutOptions
   return BatchPutFrom(std::vector<std::string>{std::string(key)}, {&buffer, 1}, o)[0];
 }
 
-Result<size_t> Store::GetInto(std::string_view key, StoreBuffer buffer) {
-  return BatchGetInto(std::vector<std::string>{std::string(key)}, {&buffer, 1})[0];
+Result<size_t> Store::GetInto(std::string_view key, StoreBuffer buffer, const GetOptions& o) {
+  return BatchGetInto(std::vector<std::string>{std::string(key)}, {&buffer, 1}, o)[0];
 }
 
 Status Store::Exists(std::string_view key) {
@@ -232,7 +232,7 @@ std::vector<Status> Store::BatchPut(std::span<const std::string> keys,
                                     std::span<const std::span<const uint8_t>> values,
                                     const PutOptions& o) {
   std::vector<Source> src;
-  for (const auto& v : values) src.push_back({v.data(), v.size()});
+  for (const auto& v : values) src.push_back(Source::Of(v.data(), v.size()));
   return impl_->Put(keys, src, o, false);
 }
 
@@ -240,7 +240,7 @@ std::vector<Result<std::vector<uint8_t>>> Store::BatchGet(std::span<const std::s
   std::vector<std::vector<uint8_t>> vals(keys.size());
   std::vector<Sink> sinks(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) sinks[i].vec = &vals[i];
-  auto got = impl_->Get(keys, sinks, false);
+  auto got = impl_->Get(keys, sinks, false, {});
   std::vector<Result<std::vector<uint8_t>>> out;
   out.reserve(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -250,20 +250,64 @@ std::vector<Result<std::vector<uint8_t>>> Store::BatchGet(std::span<const std::s
   return out;
 }
 
+namespace {
+
+std::vector<store::Part> Parts(std::span<const StoreBuffer> buffers) {
+  std::vector<store::Part> parts;
+  for (const auto& b : buffers) parts.push_back({static_cast<uint8_t*>(b.data), b.size});
+  return parts;
+}
+
+std::vector<Source> Sources(std::span<const std::vector<StoreBuffer>> lists) {
+  std::vector<Source> src;
+  for (const auto& l : lists) src.push_back({Parts(l)});
+  return src;
+}
+
+// One sink per key; keys without buffers get none (they fail as unregistered).
+std::vector<Sink> Sinks(size_t keys, std::span<const std::vector<StoreBuffer>> lists) {
+  std::vector<Sink> sinks(keys);
+  for (size_t i = 0; i < keys && i < lists.size(); ++i) sinks[i].parts = Parts(lists[i]);
+  return sinks;
+}
+
+std::vector<std::vector<StoreBuffer>> Singles(std::span<const StoreBuffer> buffers) {
+  std::vector<std::vector<StoreBuffer>> out;
+  for (const auto& b : buffers) out.push_back({b});
+  return out;
+}
+
+}  // namespace
+
 std::vector<Status> Store::BatchPutFrom(std::span<const std::string> keys,
                                         std::span<const StoreBuffer> buffers, const PutOptions& o) {
-  std::vector<Source> src;
-  for (const auto& b : buffers) src.push_back({static_cast<const uint8_t*>(b.data), b.size});
-  return impl_->Put(keys, src, o, true);
+  return impl_->Put(keys, Sources(Singles(buffers)), o, true);
 }
 
 std::vector<Result<size_t>> Store::BatchGetInto(std::span<const std::string> keys,
-                                                std::span<const StoreBuffer> buffers) {
-  std::vector<Sink> sinks(keys.size());
-  for (size_t i = 0; i < keys.size() && i < buffers.size(); ++i) {
-    sinks[i] = {nullptr, static_cast<uint8_t*>(buffers[i].data), buffers[i].size};
-  }
-  return impl_->Get(keys, sinks, true);
+                                                std::span<const StoreBuffer> buffers,
+                                                const GetOptions& o) {
+  auto sinks = Sinks(keys.size(), Singles(buffers));
+  return impl_->Get(keys, sinks, true, o);
+}
+
+std::vector<Status> Store::BatchPutParts(std::span<const std::string> keys,
+                                         std::span<const std::vector<StoreBuffer>> parts,
+                                         const PutOptions& o) {
+  return impl_->Put(keys, Sources(parts), o, false);
+}
+
+std::vector<Status> Store::BatchPutFromMulti(std::span<const std::string> keys,
+                                             std::span<const std::vector<StoreBuffer>> buffers,
+                                             const PutOptions& o) {
+  return impl_->Put(keys, Sources(buffers), o, true);
+}
+
+std::vector<Result<size_t>> Store::BatchGetIntoMulti(
+    std::span<const std::string> keys, std::span<const std::vector<StoreBuffer>> buffers,
+    const GetOptions& o) {
+  auto sinks = Sinks(keys.size(), buffers);
+  return impl_->Get(keys, sinks, true, o);
 }
 
 std::vector<Status> Store::BatchExists(std::span<const std::string> keys) {

@@ -30,7 +30,8 @@ class Store::Impl {
                                   std::span<const store::Source> values, const PutOptions& options,
                                   bool registered) = 0;
   virtual std::vector<Result<size_t>> Get(std::span<const std::string> keys,
-                                          std::span<store::Sink> sinks, bool registered) = 0;
+                                          std::span<store::Sink> sinks, bool registered,
+                                          const GetOptions& options) = 0;
   virtual std::vector<Status> Exists(std::span<const std::string> keys) = 0;
   virtual std::vector<Status> Remove(std::span<const std::string> keys, bool force) = 0;
   virtual std::vector<Status> Pin(std::span<const std::string> keys, StorePin pin,

@@ -83,6 +83,9 @@ class Session {
   Status Locate(ByteReader& r, ByteWriter& w);
   // The client memory [off, off+len) of buffer `id`, or null.
   uint8_t* Resolve(uint32_t id, uint64_t off, uint64_t len) const;
+  // An item's parts: a count, then (buffer id, offset, length) each. OK with
+  // the parts, or the item's error; the reader fails on a malformed count.
+  Status ReadParts(ByteReader& r, uint32_t min_parts, std::vector<Part>* parts) const;
   std::vector<std::string> Keys(ByteReader& r, uint32_t n);
 
   StoreCore& core_;
@@ -107,6 +110,24 @@ std::vector<std::string> Session::Keys(ByteReader& r, uint32_t n) {
   keys.reserve(n);
   for (uint32_t i = 0; i < n && r.ok(); ++i) keys.push_back(r.Str(Store::kMaxKeyBytes));
   return keys;
+}
+
+Status Session::ReadParts(ByteReader& r, uint32_t min_parts, std::vector<Part>* parts) const {
+  const uint32_t n = r.U32();
+  if (!r.ok() || n < min_parts || n > attach::kMaxParts) {
+    return Status(StatusCode::kProtocolError, "an item needs " + std::to_string(min_parts) +
+                                                  " to " + std::to_string(attach::kMaxParts) +
+                                                  " parts");
+  }
+  Status st;
+  for (uint32_t k = 0; k < n && r.ok(); ++k) {
+    const uint32_t id = r.U32();
+    const uint64_t off = r.U64(), len = r.U64();
+    uint8_t* p = Resolve(id, off, len);
+    if (p == nullptr) st = Bad("the range is not inside a buffer registered with the node");
+    parts->push_back({p, len});
+  }
+  return st;
 }
 
 uint8_t* Session::Resolve(uint32_t id, uint64_t off, uint64_t len) const {
@@ -249,11 +270,8 @@ Status Session::Put(ByteReader& r, ByteWriter& w) {
   std::vector<Status> pre(n);
   for (uint32_t i = 0; i < n && r.ok(); ++i) {
     keys[i] = r.Str(Store::kMaxKeyBytes);
-    const uint32_t id = r.U32();
-    const uint64_t off = r.U64(), len = r.U64();
-    const uint8_t* p = Resolve(id, off, len);
-    if (p == nullptr) pre[i] = Bad("the range is not inside a buffer registered with the node");
-    src[i] = {p, len};
+    pre[i] = ReadParts(r, 1, &src[i].parts);
+    if (pre[i].code() == StatusCode::kProtocolError) return pre[i];
   }
   if (!r.ok() || r.Left() != 0) return Status(StatusCode::kProtocolError, "malformed Put");
   auto out = core_.Put(keys, src, po, std::move(pre));
@@ -276,18 +294,16 @@ Status Session::Get(ByteReader& r, ByteWriter& w) {
   std::vector<std::string> keys(n);
   std::vector<Sink> sinks(n);
   std::vector<Status> bad(n);
+  std::vector<bool> packed(n, false);
   for (uint32_t i = 0; i < n && r.ok(); ++i) {
     keys[i] = r.Str(Store::kMaxKeyBytes);
-    const uint32_t id = r.U32();
-    const uint64_t off = r.U64(), cap = r.U64();
-    if (id == attach::kPacked) {
+    // No parts: packed into the request's pack region.
+    bad[i] = ReadParts(r, 0, &sinks[i].parts);
+    if (bad[i].code() == StatusCode::kProtocolError) return bad[i];
+    if (bad[i].ok() && sinks[i].parts.empty()) {
       if (pack.base == nullptr) bad[i] = Bad("a packed item, but no pack region");
       sinks[i].pack = &pack;
-    } else if (uint8_t* p = Resolve(id, off, cap); p == nullptr) {
-      bad[i] = Bad("the range is not inside a buffer registered with the node");
-    } else {
-      sinks[i].buf = p;
-      sinks[i].cap = cap;
+      packed[i] = true;
     }
     if (!bad[i].ok()) sinks[i] = Sink{};
   }
@@ -298,8 +314,8 @@ Status Session::Get(ByteReader& r, ByteWriter& w) {
     PutStatus(w, bad[i].ok() ? out[i].status() : bad[i]);
     w.U64(sinks[i].size);
     // Where a packed value went, as an offset in the pack buffer.
-    w.U64(sinks[i].pack != nullptr && out[i].ok()
-              ? pack_off + static_cast<uint64_t>(sinks[i].buf - pack.base)
+    w.U64(packed[i] && bad[i].ok() && out[i].ok()
+              ? pack_off + static_cast<uint64_t>(sinks[i].parts[0].data - pack.base)
               : 0);
   }
   return Status::Ok();

@@ -29,8 +29,8 @@ inline constexpr uint32_t kMaxPayload = 16u << 20;
 inline constexpr uint32_t kMaxItems = 4096;
 inline constexpr size_t kMaxMessage = 4096;  // error texts and names
 inline constexpr uint32_t kMaxDeadlineMs = 600000;
-// A get item whose buffer id is kPacked goes into the request's pack region.
-inline constexpr uint32_t kPacked = 0xffffffff;
+// Buffers one value may span (multi-buffer puts and gets).
+inline constexpr uint32_t kMaxParts = 256;
 
 enum class Type : uint16_t {
   kHello = 1,
