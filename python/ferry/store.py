@@ -1,4 +1,4 @@
-"""ferry.Store: a distributed key-value store for KV cache in host memory.
+"""ferry.Store: a distributed key-value store for KV cache.
 
     with ferry.Store() as store:          # embedded: master and node in this process
         store.put("k", b"bytes")
@@ -23,7 +23,7 @@ import contextlib
 from typing import Any, Optional, Sequence, Union
 
 from . import _ferry
-from .buffers import Buffer, resolve
+from .buffers import Buffer, resolve, stream_handle
 from .errors import FerryError, InvalidArgument, NotFound, NotSupported, error_class
 
 Key = Union[str, bytes]
@@ -60,9 +60,22 @@ def _pin(kind: Optional[str]) -> int:
 def _host(obj: Any, *, writable: bool) -> Buffer:
     buf = resolve(obj, writable=writable)
     if buf.gpu:
-        # The store's copies are host memcpy and host-memory transfers.
-        raise NotSupported("the store holds host memory; copy GPU tensors to the host first")
+        # put and put_parts copy with memcpy; GPU memory goes through put_from.
+        raise NotSupported("put copies host memory; register GPU memory and use put_from")
     return buf
+
+
+def _stream(bufs: Sequence[Buffer], stream: Any) -> int:
+    """The submission stream of a call: `stream` when given, else the GPU
+    buffers' own (torch's current stream for their device); 0, the legacy
+    default stream, when they have none."""
+    if stream is not None:
+        return stream_handle(stream)
+    own = {b.stream for b in bufs if b.gpu and b.stream is not None}
+    if len(own) > 1:
+        raise InvalidArgument("GPU buffers on different current streams in one call; "
+                              "pass stream= explicitly")
+    return own.pop() if own else 0
 
 
 def _error(code: int, message: str) -> Optional[FerryError]:
@@ -146,17 +159,21 @@ class Store:
 
     def put_from(self, key: Key, buf: Any, *, replicas: Optional[int] = None,
                  preferred: Optional[str] = None, pin: Optional[str] = None,
-                 pin_ttl: Optional[float] = None) -> None:
-        """As put, from registered memory, with no staging copy."""
-        b = _host(buf, writable=False)
+                 pin_ttl: Optional[float] = None, stream: Any = None) -> None:
+        """As put, from registered memory, with no staging copy. Registered GPU
+        memory (embedded stores) is read after the work already enqueued on
+        `stream` (default: torch's current stream for the tensor's device)."""
+        b = resolve(buf, writable=False)
         self._store.put_from(_key(key), b.address, b.nbytes,
-                             **_put_options(replicas, preferred, pin, pin_ttl))
+                             **_put_options(replicas, preferred, pin, pin_ttl),
+                             stream=_stream([b], stream))
 
-    def get_into(self, key: Key, buf: Any) -> int:
+    def get_into(self, key: Key, buf: Any, *, stream: Any = None) -> int:
         """Reads the value into registered memory; returns its size. OutOfRange
-        if `buf` is smaller."""
-        b = _host(buf, writable=True)
-        return self._store.get_into(_key(key), b.address, b.nbytes)
+        if `buf` is smaller. GPU memory is written after the work already
+        enqueued on `stream` and holds the value when this returns."""
+        b = resolve(buf, writable=True)
+        return self._store.get_into(_key(key), b.address, b.nbytes, stream=_stream([b], stream))
 
     def exists(self, key: Key) -> bool:
         return self._store.exists(_key(key))
@@ -178,13 +195,14 @@ class Store:
 
     def register_buffer(self, buf: Any) -> None:
         """Makes `buf` usable by put_from/get_into and keeps it alive until
-        unregister_buffer."""
-        b = _host(buf, writable=False)
+        unregister_buffer. GPU memory (a CUDA tensor, say) registers with an
+        embedded store; an attached one refuses it with NotSupported."""
+        b = resolve(buf, writable=False)
         self._store.register_buffer(b.address, b.nbytes)
         self._registered[b.address] = b.keepalive
 
     def unregister_buffer(self, buf: Any) -> None:
-        address = buf if isinstance(buf, int) else _host(buf, writable=False).address
+        address = buf if isinstance(buf, int) else resolve(buf, writable=False).address
         self._store.unregister_buffer(address)
         self._registered.pop(address, None)
 
@@ -240,19 +258,66 @@ class Store:
 
     def batch_put_from(self, keys: Sequence[Key], bufs: Sequence[Any], *,
                        replicas: Optional[int] = None, preferred: Optional[str] = None,
-                       pin: Optional[str] = None,
-                       pin_ttl: Optional[float] = None) -> list[Optional[FerryError]]:
+                       pin: Optional[str] = None, pin_ttl: Optional[float] = None,
+                       stream: Any = None) -> list[Optional[FerryError]]:
         ks = _keys(keys)
-        bs = _buffers(ks, bufs, writable=False)
+        bs = _buffers(ks, bufs, writable=False, gpu=True)
         res = self._store.batch_put_from(ks, [(b.address, b.nbytes) for b in bs],
-                                         **_put_options(replicas, preferred, pin, pin_ttl))
+                                         **_put_options(replicas, preferred, pin, pin_ttl),
+                                         stream=_stream(bs, stream))
         return [_error(*r) for r in res]
 
-    def batch_get_into(self, keys: Sequence[Key],
-                       bufs: Sequence[Any]) -> list[Union[int, FerryError]]:
+    def batch_get_into(self, keys: Sequence[Key], bufs: Sequence[Any], *,
+                       stream: Any = None) -> list[Union[int, FerryError]]:
         ks = _keys(keys)
-        bs = _buffers(ks, bufs, writable=True)
-        res = self._store.batch_get_into(ks, [(b.address, b.nbytes) for b in bs])
+        bs = _buffers(ks, bufs, writable=True, gpu=True)
+        res = self._store.batch_get_into(ks, [(b.address, b.nbytes) for b in bs],
+                                         stream=_stream(bs, stream))
+        return [n if code == 0 else error_class(code)(text) for code, text, n in res]
+
+    # Multi-buffer forms: each object is the concatenation of its buffers, in
+    # order; a get fills them in order (OutOfRange when their sum is too small).
+
+    def put_parts(self, key: Key, parts: Sequence[Any], *, replicas: Optional[int] = None,
+                  preferred: Optional[str] = None, pin: Optional[str] = None,
+                  pin_ttl: Optional[float] = None) -> None:
+        """As put, of the concatenation of `parts` (host memory, no Python copy)."""
+        err = self.batch_put_parts([key], [parts], replicas=replicas, preferred=preferred,
+                                   pin=pin, pin_ttl=pin_ttl)[0]
+        if err is not None:
+            raise err
+
+    def batch_put_parts(self, keys: Sequence[Key], parts_lists: Sequence[Sequence[Any]], *,
+                        replicas: Optional[int] = None, preferred: Optional[str] = None,
+                        pin: Optional[str] = None,
+                        pin_ttl: Optional[float] = None) -> list[Optional[FerryError]]:
+        ks = _keys(keys)
+        lists = _buffer_lists(ks, parts_lists, writable=False, gpu=False)
+        res = self._store.batch_put_parts(ks, [[(b.address, b.nbytes) for b in l] for l in lists],
+                                          **_put_options(replicas, preferred, pin, pin_ttl))
+        return [_error(*r) for r in res]
+
+    def batch_put_from_multi(self, keys: Sequence[Key], buffer_lists: Sequence[Sequence[Any]], *,
+                             replicas: Optional[int] = None, preferred: Optional[str] = None,
+                             pin: Optional[str] = None, pin_ttl: Optional[float] = None,
+                             stream: Any = None) -> list[Optional[FerryError]]:
+        """As batch_put_from, each object from a list of registered buffers."""
+        ks = _keys(keys)
+        lists = _buffer_lists(ks, buffer_lists, writable=False, gpu=True)
+        res = self._store.batch_put_from_multi(
+            ks, [[(b.address, b.nbytes) for b in l] for l in lists],
+            **_put_options(replicas, preferred, pin, pin_ttl),
+            stream=_stream([b for l in lists for b in l], stream))
+        return [_error(*r) for r in res]
+
+    def batch_get_into_multi(self, keys: Sequence[Key], buffer_lists: Sequence[Sequence[Any]], *,
+                             stream: Any = None) -> list[Union[int, FerryError]]:
+        """As batch_get_into, each value spread over a list of registered buffers."""
+        ks = _keys(keys)
+        lists = _buffer_lists(ks, buffer_lists, writable=True, gpu=True)
+        res = self._store.batch_get_into_multi(
+            ks, [[(b.address, b.nbytes) for b in l] for l in lists],
+            stream=_stream([b for l in lists for b in l], stream))
         return [n if code == 0 else error_class(code)(text) for code, text, n in res]
 
     def batch_exists(self, keys: Sequence[Key]) -> list[bool]:
@@ -272,6 +337,58 @@ class Store:
     def batch_pin(self, keys: Sequence[Key], kind: Optional[str] = "hard",
                   ttl: Optional[float] = None) -> list[Optional[FerryError]]:
         return [_error(*r) for r in self._store.batch_pin(_keys(keys), _pin(kind), _ttl(ttl))]
+
+    # Tensors: a 304-byte header (Mooncake's layout, docs/tensor-format.md), then the
+    # raw bytes. numpy arrays and CPU torch tensors; CUDA tensors raise NotSupported
+    # for now. Reads return numpy arrays, or torch tensors when `device` is given.
+    # `options` are put's (replicas, preferred, pin, pin_ttl).
+
+    def put_tensor(self, key: Key, t: Any, **options: Any) -> None:
+        """Stores `t` (made contiguous, a copy, if it is not) with its header."""
+        from . import tensor
+        tensor.put_tensor(self, key, t, **options)
+
+    def get_tensor(self, key: Key, device: Any = None) -> Any:
+        """A new numpy array; with `device` ("cpu" for now), a torch tensor on it.
+        ProtocolError if the object is not a valid tensor object."""
+        from . import tensor
+        return tensor.get_tensor(self, key, device)
+
+    def get_tensor_into(self, key: Key, t: Any) -> Any:
+        """Reads into `t` (contiguous, writable) and returns it. InvalidArgument, with
+        `t` untouched, unless its dtype, shape and byte count match the object's."""
+        from . import tensor
+        return tensor.get_tensor_into(self, key, t)
+
+    def batch_put_tensor(self, keys: Sequence[Key], tensors: Sequence[Any],
+                         **options: Any) -> list[Optional[FerryError]]:
+        from . import tensor
+        return tensor.batch_put_tensor(self, keys, tensors, **options)
+
+    def batch_get_tensor(self, keys: Sequence[Key],
+                         device: Any = None) -> list[Union[Any, FerryError]]:
+        from . import tensor
+        return tensor.batch_get_tensor(self, keys, device)
+
+    def batch_get_tensor_into(self, keys: Sequence[Key],
+                              tensors: Sequence[Any]) -> list[Union[Any, FerryError]]:
+        """Each item: its destination, filled, or the error (that destination untouched)."""
+        from . import tensor
+        return tensor.batch_get_tensor_into(self, keys, tensors)
+
+    def put_tensor_with_tp(self, key: Key, t: Any, tp_size: int, split_dim: int = 0,
+                           **options: Any) -> None:
+        """Splits `t` evenly along split_dim and stores rank r's shard as
+        f"{key}_tp_{r}" for every rank (tp_size 1: `t` under `key`). An uneven split
+        raises InvalidArgument before anything is stored."""
+        from . import tensor
+        tensor.put_tensor_with_tp(self, key, t, tp_size, split_dim, **options)
+
+    def get_tensor_with_tp(self, key: Key, tp_rank: int, tp_size: int,
+                           split_dim: Optional[int] = None, device: Any = None) -> Any:
+        """Rank tp_rank's shard. split_dim, when given, must match the stored one."""
+        from . import tensor
+        return tensor.get_tensor_with_tp(self, key, tp_rank, tp_size, split_dim, device)
 
 
 def _binding() -> Any:
@@ -294,7 +411,19 @@ def _put_options(replicas: Optional[int], preferred: Optional[str], pin: Optiona
             "pin_ttl_ms": _ttl(pin_ttl)}
 
 
-def _buffers(keys: list[bytes], objs: Sequence[Any], *, writable: bool) -> list[Buffer]:
+def _buffers(keys: list[bytes], objs: Sequence[Any], *, writable: bool,
+             gpu: bool = False) -> list[Buffer]:
+    """One buffer per key; `gpu`: registered GPU memory is allowed (put_from
+    and get_into forms), else host memory only (put forms, which copy)."""
     if len(objs) != len(keys):
         raise InvalidArgument(f"{len(keys)} keys but {len(objs)} buffers")
-    return [_host(o, writable=writable) for o in objs]
+    check = (lambda o: resolve(o, writable=writable)) if gpu else (
+        lambda o: _host(o, writable=writable))
+    return [check(o) for o in objs]
+
+
+def _buffer_lists(keys: list[bytes], lists: Sequence[Sequence[Any]], *, writable: bool,
+                  gpu: bool) -> list[list[Buffer]]:
+    if len(lists) != len(keys):
+        raise InvalidArgument(f"{len(keys)} keys but {len(lists)} buffer lists")
+    return [_buffers(list(keys[:1]) * len(l), l, writable=writable, gpu=gpu) for l in lists]

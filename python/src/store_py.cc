@@ -63,8 +63,9 @@ ferry::StorePin ToPin(int pin) {
 }
 
 ferry::PutOptions ToPutOptions(uint32_t replicas, std::string preferred, int pin,
-                               int64_t pin_ttl_ms) {
+                               int64_t pin_ttl_ms, uint64_t stream = 0) {
   ferry::PutOptions o;
+  o.stream = Ptr(stream);  // a cudaStream_t for registered GPU memory; 0: legacy default
   o.replicas = replicas;  // 0: the Store's default
   o.preferred_segment = std::move(preferred);
   o.pin = ToPin(pin);
@@ -82,6 +83,31 @@ std::vector<ferry::StoreBuffer> ToBuffers(const std::vector<Range>& in) {
   out.reserve(in.size());
   for (const auto& [addr, len] : in) out.push_back({Ptr(addr), static_cast<size_t>(len)});
   return out;
+}
+
+std::vector<std::vector<ferry::StoreBuffer>> ToBufferLists(const std::vector<std::vector<Range>>& in) {
+  std::vector<std::vector<ferry::StoreBuffer>> out;
+  out.reserve(in.size());
+  for (const auto& l : in) out.push_back(ToBuffers(l));
+  return out;
+}
+
+// (code, message, bytes written) per key.
+std::vector<std::tuple<int, std::string, uint64_t>> SizeTuples(
+    const std::vector<ferry::Result<size_t>>& got) {
+  std::vector<std::tuple<int, std::string, uint64_t>> out;
+  out.reserve(got.size());
+  for (const auto& r : got) {
+    const auto [code, text] = ToTuple(r.status());
+    out.emplace_back(code, text, r.ok() ? r.value() : 0);
+  }
+  return out;
+}
+
+ferry::GetOptions ToGetOptions(uint64_t stream) {
+  ferry::GetOptions o;
+  o.stream = Ptr(stream);
+  return o;
 }
 
 class PyStore {
@@ -202,21 +228,23 @@ void RegisterStore(py::module_& m) {
       .def(
           "put_from",
           [](PyStore& s, const std::string& key, uint64_t addr, uint64_t len, uint32_t replicas,
-             std::string preferred, int pin, int64_t pin_ttl_ms) {
+             std::string preferred, int pin, int64_t pin_ttl_ms, uint64_t stream) {
             const ferry::PutOptions o =
-                ToPutOptions(replicas, std::move(preferred), pin, pin_ttl_ms);
+                ToPutOptions(replicas, std::move(preferred), pin, pin_ttl_ms, stream);
             const ferry::StoreBuffer buf{Ptr(addr), static_cast<size_t>(len)};
             Check(s.Call([&](ferry::Store& st) { return st.PutFrom(key, buf, o); }));
           },
           py::arg("key"), py::arg("addr"), py::arg("len"), py::arg("replicas") = 0,
-          py::arg("preferred") = "", py::arg("pin") = 0, py::arg("pin_ttl_ms") = 0)
+          py::arg("preferred") = "", py::arg("pin") = 0, py::arg("pin_ttl_ms") = 0,
+          py::arg("stream") = 0)
       .def(
           "get_into",
-          [](PyStore& s, const std::string& key, uint64_t addr, uint64_t len) {
+          [](PyStore& s, const std::string& key, uint64_t addr, uint64_t len, uint64_t stream) {
             const ferry::StoreBuffer buf{Ptr(addr), static_cast<size_t>(len)};
-            return Take(s.Call([&](ferry::Store& st) { return st.GetInto(key, buf); }));
+            const ferry::GetOptions o = ToGetOptions(stream);
+            return Take(s.Call([&](ferry::Store& st) { return st.GetInto(key, buf, o); }));
           },
-          py::arg("key"), py::arg("addr"), py::arg("len"))
+          py::arg("key"), py::arg("addr"), py::arg("len"), py::arg("stream") = 0)
       .def(
           "exists",
           [](PyStore& s, const std::string& key) {
@@ -306,32 +334,68 @@ void RegisterStore(py::module_& m) {
       .def(
           "batch_put_from",
           [](PyStore& s, const Keys& keys, const std::vector<Range>& buffers, uint32_t replicas,
-             std::string preferred, int pin, int64_t pin_ttl_ms) {
+             std::string preferred, int pin, int64_t pin_ttl_ms, uint64_t stream) {
             CheckSameLength(keys, buffers);
             const ferry::PutOptions o =
-                ToPutOptions(replicas, std::move(preferred), pin, pin_ttl_ms);
+                ToPutOptions(replicas, std::move(preferred), pin, pin_ttl_ms, stream);
             const std::vector<ferry::StoreBuffer> bufs = ToBuffers(buffers);
             return ToTuples(
                 s.Call([&](ferry::Store& st) { return st.BatchPutFrom(keys, bufs, o); }));
           },
           py::arg("keys"), py::arg("buffers"), py::arg("replicas") = 0, py::arg("preferred") = "",
-          py::arg("pin") = 0, py::arg("pin_ttl_ms") = 0)
+          py::arg("pin") = 0, py::arg("pin_ttl_ms") = 0, py::arg("stream") = 0)
       // (code, message, bytes written) per key.
       .def(
           "batch_get_into",
-          [](PyStore& s, const Keys& keys, const std::vector<Range>& buffers) {
+          [](PyStore& s, const Keys& keys, const std::vector<Range>& buffers, uint64_t stream) {
             CheckSameLength(keys, buffers);
             const std::vector<ferry::StoreBuffer> bufs = ToBuffers(buffers);
-            auto got = s.Call([&](ferry::Store& st) { return st.BatchGetInto(keys, bufs); });
-            std::vector<std::tuple<int, std::string, uint64_t>> out;
-            out.reserve(got.size());
-            for (const auto& r : got) {
-              const auto [code, text] = ToTuple(r.status());
-              out.emplace_back(code, text, r.ok() ? r.value() : 0);
-            }
-            return out;
+            const ferry::GetOptions o = ToGetOptions(stream);
+            return SizeTuples(
+                s.Call([&](ferry::Store& st) { return st.BatchGetInto(keys, bufs, o); }));
           },
-          py::arg("keys"), py::arg("buffers"))
+          py::arg("keys"), py::arg("buffers"), py::arg("stream") = 0)
+      // Multi-buffer forms: each object is the concatenation of its list.
+      // batch_put_parts copies from any host memory; the others need
+      // registered memory.
+      .def(
+          "batch_put_parts",
+          [](PyStore& s, const Keys& keys, const std::vector<std::vector<Range>>& parts,
+             uint32_t replicas, std::string preferred, int pin, int64_t pin_ttl_ms) {
+            CheckSameLength(keys, parts);
+            const ferry::PutOptions o =
+                ToPutOptions(replicas, std::move(preferred), pin, pin_ttl_ms);
+            const auto lists = ToBufferLists(parts);
+            return ToTuples(
+                s.Call([&](ferry::Store& st) { return st.BatchPutParts(keys, lists, o); }));
+          },
+          py::arg("keys"), py::arg("parts"), py::arg("replicas") = 0, py::arg("preferred") = "",
+          py::arg("pin") = 0, py::arg("pin_ttl_ms") = 0)
+      .def(
+          "batch_put_from_multi",
+          [](PyStore& s, const Keys& keys, const std::vector<std::vector<Range>>& buffers,
+             uint32_t replicas, std::string preferred, int pin, int64_t pin_ttl_ms,
+             uint64_t stream) {
+            CheckSameLength(keys, buffers);
+            const ferry::PutOptions o =
+                ToPutOptions(replicas, std::move(preferred), pin, pin_ttl_ms, stream);
+            const auto lists = ToBufferLists(buffers);
+            return ToTuples(
+                s.Call([&](ferry::Store& st) { return st.BatchPutFromMulti(keys, lists, o); }));
+          },
+          py::arg("keys"), py::arg("buffers"), py::arg("replicas") = 0, py::arg("preferred") = "",
+          py::arg("pin") = 0, py::arg("pin_ttl_ms") = 0, py::arg("stream") = 0)
+      .def(
+          "batch_get_into_multi",
+          [](PyStore& s, const Keys& keys, const std::vector<std::vector<Range>>& buffers,
+             uint64_t stream) {
+            CheckSameLength(keys, buffers);
+            const auto lists = ToBufferLists(buffers);
+            const ferry::GetOptions o = ToGetOptions(stream);
+            return SizeTuples(
+                s.Call([&](ferry::Store& st) { return st.BatchGetIntoMulti(keys, lists, o); }));
+          },
+          py::arg("keys"), py::arg("buffers"), py::arg("stream") = 0)
       .def(
           "batch_exists",
           [](PyStore& s, const Keys& keys) {

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import ferry
-from conftest import pattern
+from conftest import gpu_skip_reason, pattern
 from store_client import value_bytes, writer_value
 
 HERE = Path(__file__).resolve().parent
@@ -644,3 +644,75 @@ def test_node_refuses_another_uid(cluster):
     with ferry.Store.attach(path) as s:  # this uid still may
         s.put("k", b"v")
         assert s.get("k") == b"v"
+
+
+def multi_round_trip(s: ferry.Store, prefix: str) -> None:
+    """One object from several buffers of uneven sizes, read back split elsewhere."""
+    sizes = [100, MiB, 3, 5 * MiB]
+    total = sum(sizes)
+    src = np.frombuffer(s.allocate_buffer(total), np.uint8)
+    src[:] = np.random.default_rng(7).integers(0, 256, total, dtype=np.uint8)
+    dst = np.frombuffer(s.allocate_buffer(total + 5), np.uint8)
+    parts, off = [], 0
+    for n in sizes:
+        parts.append(src[off:off + n])
+        off += n
+    assert s.batch_put_from_multi([prefix + "m"], [parts]) == [None]
+    dst[:] = 0
+    third = total // 3
+    assert s.batch_get_into_multi([prefix + "m"], [[dst[:third], dst[third:]]]) == [total]
+    assert np.array_equal(dst[:total], src)
+    # put_parts copies from any host memory, with no concatenation in Python.
+    s.put_parts(prefix + "p", [bytes(p) for p in parts])
+    assert s.get(prefix + "p") == src.tobytes()
+    # Too little room: OutOfRange, and the buffers untouched.
+    dst[:] = 0xEE
+    out = s.batch_get_into_multi([prefix + "m"], [[dst[:10], dst[10:total - 1]]])
+    assert isinstance(out[0], ferry.OutOfRange)
+    assert (dst == 0xEE).all()
+    # A part in memory the store does not know: refused, nothing stored.
+    out = s.batch_put_from_multi([prefix + "x"], [[parts[0], np.zeros(10, np.uint8)]])
+    assert isinstance(out[0], ferry.InvalidArgument)
+    assert not s.exists(prefix + "x")
+
+
+def test_multi_buffer_objects_embedded(store):
+    multi_round_trip(store, "embedded/")
+
+
+@needs_attach
+def test_multi_buffer_objects_attached(cluster):
+    cluster.start_master()
+    path = cluster.socket_path()
+    cluster.start_node("--socket", path)
+    with ferry.Store.attach(path) as s:
+        multi_round_trip(s, "attached/")
+
+
+@pytest.mark.skipif(gpu_skip_reason() is not None, reason=str(gpu_skip_reason()))
+def test_registered_gpu_memory_follows_the_current_stream():
+    """vLLM's pattern on an embedded store: a registered GPU KV cache, one object
+    per block from a pointer per layer, written by a kernel still running on a
+    side stream that the current stream has joined; no synchronize before the put."""
+    import torch
+
+    layers, block = 4, 1 << 20
+    with ferry.Store(local_memory=64 << 20) as s:
+        kv = torch.zeros(layers, 8, block, dtype=torch.uint8, device="cuda")
+        s.register_buffer(kv)
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(50_000_000)  # the producer is still busy at the put
+            kv[:, 3].fill_(0x3C)
+        torch.cuda.current_stream().wait_stream(side)
+        assert s.batch_put_from_multi(["block3"], [[kv[l, 3] for l in range(layers)]]) == [None]
+        back = torch.empty(layers, block, dtype=torch.uint8, device="cuda")
+        s.register_buffer(back)
+        # The read lands after work already queued on the current stream.
+        torch.cuda._sleep(50_000_000)
+        back.fill_(0)
+        assert s.batch_get_into_multi(["block3"], [[back[l] for l in range(layers)]]) == [
+            layers * block]
+        assert bool((back == 0x3C).all())
+        # The same value read back to the host.
+        assert s.get("block3") == bytes([0x3C]) * (layers * block)
