@@ -313,6 +313,8 @@ TEST(Attach, MalformedFramesCloseOnlyThatClient) {
   w.U8(0);
   w.U64(0);
   w.Str("");
+  w.I32(-1);  // no GPU memory
+  w.Str("");
   w.U32(1000);
   w.Str("k");
   r = RawCall(p, attach::Type::kPut, put);

@@ -5,12 +5,16 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
+#include <string_view>
 
 #include "common/bytes.h"
 #include "gpu/gpu.h"
+#include "gpu/interprocess.h"
 #include "store/client/store_impl.h"
 #include "store/rpc/attach_wire.h"
 #include "store/rpc/limits.h"
@@ -38,6 +42,20 @@ Status ReadStatus(ByteReader& r) {
   if (code == 0) return Status::Ok();
   return Status(static_cast<StatusCode>(code), std::move(msg));
 }
+
+// One part as the wire names it: a registered buffer's id, or GPU memory's
+// device and IPC handle; then the offset (in the buffer, or the allocation)
+// and the length.
+struct WireRef {
+  uint8_t kind = attach::kPartBuffer;
+  uint32_t buf = 0;
+  int device = -1;
+  std::string handle;
+  uint64_t off = 0;
+  uint64_t len = 0;
+};
+
+struct GpuPlan;
 
 // Checks every key into (*st)[i]; the indices of the valid ones, to send.
 std::vector<size_t> ValidKeys(std::span<const std::string> keys, std::vector<Status>* st) {
@@ -83,11 +101,6 @@ class AttachedStore final : public Store::Impl {
     if (data == nullptr || size == 0) {
       return Status(StatusCode::kInvalidArgument, "a buffer needs an address and a size");
     }
-    if (gpu::Classify(data).kind == gpu::MemoryKind::kDevice) {
-      return Status(StatusCode::kNotSupported,
-                    "GPU memory cannot be registered with an attached store yet; use an "
-                    "embedded store (Store::Create) for GPU buffers");
-    }
     std::lock_guard lock(mu_);
     const auto a = reinterpret_cast<uint64_t>(data);
     auto next = registered_.lower_bound(a);
@@ -123,7 +136,6 @@ class AttachedStore final : public Store::Impl {
 
   std::vector<Status> Put(std::span<const std::string> keys, std::span<const Source> values,
                           const PutOptions& po, bool registered) override;
-  // GPU memory never gets here: RegisterBuffer refuses it.
   std::vector<Result<size_t>> Get(std::span<const std::string> keys, std::span<Sink> sinks,
                                   bool registered, const GetOptions& options) override;
 
@@ -178,6 +190,10 @@ class AttachedStore final : public Store::Impl {
   template <typename Extra>
   std::vector<Status> KeyOp(Type type, std::span<const std::string> keys, Extra&& extra);
   Millis Timeout() const { return std::max(opts_.rpc_timeout, Millis(1)); }
+  // Records this call's readiness on `stream` for the GPU memory in `plan`:
+  // *event is the handle the node waits on (empty when there is none, or
+  // when the fallback has already waited on the CPU).
+  Status Ready(const GpuPlan& plan, void* stream, std::string* event);
 
   const std::string path_;
   const StoreOptions opts_;
@@ -187,6 +203,7 @@ class AttachedStore final : public Store::Impl {
   std::string segment_, master_;
   Staging staging_;
   std::map<uint64_t, Range> registered_;  // by address
+  std::map<int, std::unique_ptr<gpu::IpcEvent>> events_;  // by device, made on first use
 };
 
 Status AttachedStore::Connect() {
@@ -298,6 +315,89 @@ std::vector<Status> AttachedStore::KeyOp(Type type, std::span<const std::string>
   return out;
 }
 
+// A call's GPU memory, classified once: the device it is on, each part's
+// IPC handle and offset in its allocation, and whether some of it cannot be
+// exported (then the whole call goes through staging, copied on the stream).
+struct GpuPlan {
+  int device = -1;
+  bool fallback = false;
+  std::map<const uint8_t*, std::pair<std::string, uint64_t>> exported;  // part -> handle, offset
+  std::set<const uint8_t*> gpu;                                          // every GPU part
+};
+
+// Classifies `parts` into `plan`; InvalidArgument for GPU memory on two
+// devices, or on another device than `stream`'s.
+Status PlanGpu(std::span<const Part* const> parts, void* stream, GpuPlan* plan) {
+  if (gpu::DeviceCount() == 0) return Status::Ok();
+  for (const Part* part : parts) {
+    if (part->size == 0) continue;  // nothing to move
+    const gpu::MemoryInfo info = gpu::Classify(part->data);
+    if (info.kind != gpu::MemoryKind::kDevice) continue;
+    if (plan->device >= 0 && info.device != plan->device) {
+      return Status(StatusCode::kInvalidArgument,
+                    "GPU memory on two devices in one call; one submission stream covers one");
+    }
+    plan->device = info.device;
+    plan->gpu.insert(part->data);
+    std::string handle = gpu::ExportIpc(info);
+    if (handle.empty()) {
+      plan->fallback = true;  // a caching or virtual-memory allocator, say
+    } else {
+      plan->exported[part->data] = {std::move(handle),
+                                    reinterpret_cast<uint64_t>(part->data) - info.alloc_base};
+    }
+  }
+  if (plan->device < 0 || stream == nullptr) return Status::Ok();
+  FERRY_ASSIGN_OR_RETURN(int on, gpu::StreamDevice(stream));
+  if (on != plan->device) {
+    return Status(StatusCode::kInvalidArgument, "the stream is on GPU " + std::to_string(on) +
+                                                    ", the memory on GPU " +
+                                                    std::to_string(plan->device));
+  }
+  return Status::Ok();
+}
+
+// Test-only: FERRY_TEST_ATTACH_SKIP_READINESS=1 sends GPU memory without the
+// readiness event, so the tests can show that their check catches stale reads.
+bool SkipReadiness() {
+  static const bool skip = [] {
+    const char* v = std::getenv("FERRY_TEST_ATTACH_SKIP_READINESS");
+    return v != nullptr && std::string_view(v) == "1";
+  }();
+  return skip;
+}
+
+void WriteRef(ByteWriter& w, const WireRef& ref) {
+  w.U8(ref.kind);
+  if (ref.kind == attach::kPartGpu) {
+    w.U32(static_cast<uint32_t>(ref.device));
+    w.Str(ref.handle);
+  } else {
+    w.U32(ref.buf);
+  }
+  w.U64(ref.off);
+  w.U64(ref.len);
+}
+
+Status AttachedStore::Ready(const GpuPlan& plan, void* stream, std::string* event) {
+  event->clear();
+  if (plan.device < 0) return Status::Ok();
+  auto& ev = events_[plan.device];
+  if (ev == nullptr) {
+    FERRY_ASSIGN_OR_RETURN(ev, gpu::IpcEvent::Create(plan.device));
+  }
+  // Recorded without blocking: the node's stream waits for it on the GPU.
+  FERRY_RETURN_IF_ERROR(ev->Record(stream));
+  if (plan.fallback) return ev->Synchronize();  // the copies below follow it anyway
+  if (!SkipReadiness()) *event = ev->handle();
+  return Status::Ok();
+}
+
+void WriteReadiness(ByteWriter& w, const GpuPlan& plan, const std::string& event) {
+  w.I32(plan.fallback ? -1 : plan.device);
+  w.Str(plan.fallback ? std::string() : event);
+}
+
 std::vector<Status> AttachedStore::Put(std::span<const std::string> keys,
                                        std::span<const Source> values, const PutOptions& po,
                                        bool registered) {
@@ -310,11 +410,35 @@ std::vector<Status> AttachedStore::Put(std::span<const std::string> keys,
   std::lock_guard lock(mu_);
   const uint64_t cap = staging_.mem->size();
   auto* staging = static_cast<uint8_t*>(staging_.mem->data());
-  // Items of the request being built, their parts (buffer, offset, length),
-  // and the staging bytes they use.
-  using Ref = std::tuple<uint32_t, uint64_t, uint64_t>;
+  // Every item checked first, and the call's GPU memory planned: on any
+  // failure there, nothing is sent.
+  std::vector<const Part*> all;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const std::vector<Part>& parts = values[i].parts;
+    out[i] = store::CheckKey(keys[i]);
+    if (out[i].ok() && (parts.empty() || parts.size() > attach::kMaxParts)) {
+      out[i] = Status(StatusCode::kInvalidArgument,
+                      "a value needs 1 to " + std::to_string(attach::kMaxParts) + " buffers");
+    }
+    for (size_t k = 0; out[i].ok() && registered && k < parts.size(); ++k) {
+      if (Containing(registered_, parts[k].data, parts[k].size) == registered_.end()) {
+        out[i] = NotRegistered();
+      }
+    }
+    for (size_t k = 0; out[i].ok() && k < parts.size(); ++k) all.push_back(&parts[k]);
+  }
+  GpuPlan plan;
+  std::string event;
+  Status planned = PlanGpu(all, po.stream, &plan);
+  if (planned.ok()) planned = Ready(plan, po.stream, &event);
+  if (!planned.ok()) {
+    for (auto& st : out) st = st.ok() ? planned : st;
+    return out;
+  }
+  // Items of the request being built, their parts, and the staging bytes
+  // they use.
   std::vector<size_t> batch;
-  std::vector<std::vector<Ref>> refs;
+  std::vector<std::vector<WireRef>> refs;
   uint64_t used = 0;
   auto flush = [&] {
     if (batch.empty()) return;
@@ -324,15 +448,12 @@ std::vector<Status> AttachedStore::Put(std::span<const std::string> keys,
     w.U8(static_cast<uint8_t>(po.pin));
     w.U64(static_cast<uint64_t>(std::max<int64_t>(po.pin_ttl.count(), 0)));
     w.Str(po.preferred_segment);
+    WriteReadiness(w, plan, event);
     w.U32(static_cast<uint32_t>(batch.size()));
     for (size_t k = 0; k < batch.size(); ++k) {
       w.Str(keys[batch[k]]);
       w.U32(static_cast<uint32_t>(refs[k].size()));
-      for (const auto& [id, off, len] : refs[k]) {
-        w.U32(id);
-        w.U64(off);
-        w.U64(len);
-      }
+      for (const WireRef& ref : refs[k]) WriteRef(w, ref);
     }
     auto f = Call(Type::kPut, p);
     ByteReader r(f.ok() ? f.value().payload.data() : nullptr, f.ok() ? f.value().payload.size() : 0);
@@ -346,40 +467,50 @@ std::vector<Status> AttachedStore::Put(std::span<const std::string> keys,
     refs.clear();
     used = 0;
   };
+  auto shared = [&](const Part& part) {
+    auto range = Containing(registered_, part.data, part.size);
+    return range != registered_.end() && range->second.mem != nullptr ? range : registered_.end();
+  };
   for (size_t i = 0; i < keys.size(); ++i) {
+    if (!out[i].ok()) continue;
     const std::vector<Part>& parts = values[i].parts;
-    out[i] = store::CheckKey(keys[i]);
-    if (out[i].ok() && (parts.empty() || parts.size() > attach::kMaxParts)) {
-      out[i] = Status(StatusCode::kInvalidArgument,
-                      "a value needs 1 to " + std::to_string(attach::kMaxParts) + " buffers");
-    }
-    // Parts in shared memory go by reference; the others through staging.
+    // Parts in shared memory, and exported GPU memory, go by reference; the
+    // others through staging.
     uint64_t staged = 0;
-    for (size_t k = 0; out[i].ok() && k < parts.size(); ++k) {
-      auto range = Containing(registered_, parts[k].data, parts[k].size);
-      if (registered && range == registered_.end()) out[i] = NotRegistered();
-      if (range == registered_.end() || range->second.mem == nullptr) staged += parts[k].size;
+    for (const Part& part : parts) {
+      const bool by_ref = plan.exported.count(part.data) ? !plan.fallback
+                                                          : shared(part) != registered_.end();
+      if (!by_ref) staged += part.size;
     }
-    if (out[i].ok() && staged > cap) {
+    if (staged > cap) {
       out[i] = Status(StatusCode::kInvalidArgument,
                       "a value of " + std::to_string(staged) + " bytes exceeds the attach "
                       "staging area of " + std::to_string(cap) +
                           " bytes; put it from AllocateBuffer memory or raise attach_staging");
+      continue;
     }
-    if (!out[i].ok()) continue;
     if (cap - used < staged) flush();
-    std::vector<Ref> item;
+    std::vector<WireRef> item;
     for (const Part& part : parts) {
-      auto range = Containing(registered_, part.data, part.size);
-      if (range != registered_.end() && range->second.mem != nullptr) {
-        item.emplace_back(range->second.id, reinterpret_cast<uint64_t>(part.data) - range->first,
-                          part.size);
+      if (auto e = plan.exported.find(part.data); e != plan.exported.end() && !plan.fallback) {
+        item.push_back({attach::kPartGpu, 0, plan.device, e->second.first, e->second.second,
+                        part.size});
         continue;
       }
-      if (part.size > 0) std::memcpy(staging + used, part.data, part.size);
-      item.emplace_back(staging_.id, used, part.size);
+      if (auto range = shared(part); range != registered_.end()) {
+        item.push_back({attach::kPartBuffer, range->second.id, -1, {},
+                        reinterpret_cast<uint64_t>(part.data) - range->first, part.size});
+        continue;
+      }
+      if (plan.gpu.count(part.data)) {
+        out[i] = gpu::CopyOnStreamAndWait(staging + used, part.data, part.size, po.stream);
+      } else if (part.size > 0) {
+        std::memcpy(staging + used, part.data, part.size);
+      }
+      item.push_back({attach::kPartBuffer, staging_.id, -1, {}, used, part.size});
       used += part.size;
     }
+    if (!out[i].ok()) continue;
     refs.push_back(std::move(item));
     batch.push_back(i);
     if (batch.size() == attach::kMaxItems) flush();
@@ -390,37 +521,56 @@ std::vector<Status> AttachedStore::Put(std::span<const std::string> keys,
 
 std::vector<Result<size_t>> AttachedStore::Get(std::span<const std::string> keys,
                                                std::span<Sink> sinks, bool registered,
-                                               const GetOptions&) {
+                                               const GetOptions& options) {
   std::vector<Status> st(keys.size());
   std::vector<size_t> sizes(keys.size(), 0);
   std::lock_guard lock(mu_);
   const uint64_t cap = staging_.mem->size();
   const auto* staging = static_cast<const uint8_t*>(staging_.mem->data());
-  // Per item: its parts in shared memory (buffer id, offset, capacity) for a
-  // direct read, or none: packed into staging and copied out here.
-  using Ref = std::tuple<uint32_t, uint64_t, uint64_t>;
-  std::vector<std::vector<Ref>> direct(keys.size());
-  std::vector<size_t> pending;
+  std::vector<const Part*> all;
   for (size_t i = 0; i < keys.size(); ++i) {
     st[i] = store::CheckKey(keys[i]);
     if (st[i].ok() && sinks[i].parts.size() > attach::kMaxParts) {
       st[i] = Status(StatusCode::kInvalidArgument,
                      "at most " + std::to_string(attach::kMaxParts) + " buffers per value");
     }
-    bool shared = sinks[i].vec == nullptr;
-    for (size_t k = 0; st[i].ok() && sinks[i].vec == nullptr && k < sinks[i].parts.size(); ++k) {
+    for (size_t k = 0; st[i].ok() && registered && k < sinks[i].parts.size(); ++k) {
       const Part& part = sinks[i].parts[k];
-      auto range = Containing(registered_, part.data, part.size);
-      if (registered && range == registered_.end()) st[i] = NotRegistered();
-      if (range == registered_.end() || range->second.mem == nullptr) {
-        shared = false;
-      } else {
-        direct[i].emplace_back(range->second.id,
-                               reinterpret_cast<uint64_t>(part.data) - range->first, part.size);
+      if (Containing(registered_, part.data, part.size) == registered_.end()) {
+        st[i] = NotRegistered();
       }
     }
+    for (size_t k = 0; st[i].ok() && k < sinks[i].parts.size(); ++k) {
+      all.push_back(&sinks[i].parts[k]);
+    }
+  }
+  GpuPlan plan;
+  std::string event;
+  // The node writes GPU memory after the consumer stream's earlier work (R2).
+  Status planned = PlanGpu(all, options.stream, &plan);
+  if (planned.ok()) planned = Ready(plan, options.stream, &event);
+  // Per item: its parts by reference (shared or exported GPU memory), or
+  // none: packed into staging and copied out here.
+  std::vector<std::vector<WireRef>> direct(keys.size());
+  std::vector<size_t> pending;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (st[i].ok() && !planned.ok()) st[i] = planned;
     if (!st[i].ok()) continue;
-    if (!shared || direct[i].empty()) direct[i].clear();
+    bool by_ref = sinks[i].vec == nullptr;
+    for (size_t k = 0; by_ref && k < sinks[i].parts.size(); ++k) {
+      const Part& part = sinks[i].parts[k];
+      auto range = Containing(registered_, part.data, part.size);
+      if (auto e = plan.exported.find(part.data); e != plan.exported.end() && !plan.fallback) {
+        direct[i].push_back({attach::kPartGpu, 0, plan.device, e->second.first, e->second.second,
+                             part.size});
+      } else if (range != registered_.end() && range->second.mem != nullptr) {
+        direct[i].push_back({attach::kPartBuffer, range->second.id, -1, {},
+                             reinterpret_cast<uint64_t>(part.data) - range->first, part.size});
+      } else {
+        by_ref = false;
+      }
+    }
+    if (!by_ref || direct[i].empty()) direct[i].clear();
     pending.push_back(i);
   }
   // Rounds: packed values that found no room left in staging go again, first.
@@ -433,15 +583,12 @@ std::vector<Result<size_t>> AttachedStore::Get(std::span<const std::string> keys
     w.U32(staging_.id);
     w.U64(0);
     w.U64(cap);
+    WriteReadiness(w, plan, event);
     w.U32(static_cast<uint32_t>(n));
     for (size_t i : batch) {
       w.Str(keys[i]);
       w.U32(static_cast<uint32_t>(direct[i].size()));  // 0: packed
-      for (const auto& [id, off, len] : direct[i]) {
-        w.U32(id);
-        w.U64(off);
-        w.U64(len);
-      }
+      for (const WireRef& ref : direct[i]) WriteRef(w, ref);
     }
     auto f = Call(Type::kGet, p);
     if (!f.ok()) {
@@ -458,9 +605,7 @@ std::vector<Result<size_t>> AttachedStore::Get(std::span<const std::string> keys
       Status s = ReadStatus(r);
       const uint64_t size = r.U64(), off = r.U64();
       got.emplace_back(batch[k], std::move(s), size, off);
-      if (std::get<1>(got.back()).ok() && direct[batch[k]].empty()) {
-        placed_any = true;
-      }
+      if (std::get<1>(got.back()).ok() && direct[batch[k]].empty()) placed_any = true;
     }
     if (!counted || !r.ok() || r.Left() != 0) {
       Status bad = Drop(Status(StatusCode::kProtocolError, "malformed Get reply from the node"));
@@ -505,12 +650,18 @@ std::vector<Result<size_t>> AttachedStore::Get(std::span<const std::string> keys
                                                     " bytes; the value has " +
                                                     std::to_string(size));
       } else {
-        // The parts in order, as the value's bytes.
+        // The parts in order, as the value's bytes; GPU ones on the stream.
         uint64_t done = 0;
         for (const Part& part : sink.parts) {
-          const uint64_t n = std::min<uint64_t>(part.size, size - done);
-          if (n > 0) std::memcpy(part.data, staging + off + done, n);
-          done += n;
+          const uint64_t len = std::min<uint64_t>(part.size, size - done);
+          if (len > 0 && plan.gpu.count(part.data)) {
+            Status c = gpu::CopyOnStreamAndWait(part.data, staging + off + done, len,
+                                                options.stream);
+            if (!c.ok()) st[i] = c;
+          } else if (len > 0) {
+            std::memcpy(part.data, staging + off + done, len);
+          }
+          done += len;
         }
       }
     }

@@ -216,8 +216,11 @@ bool StoreCore::Registered(std::span<const Part> parts) {
 bool StoreCore::AnyGpu(std::span<const LocalCopy> copies, Op op) {
   std::lock_guard lock(buf_mu_);
   for (const LocalCopy& c : copies) {
-    const Range* r = Find(op == Op::kWrite ? c.src : c.dst, c.length);
-    if (r != nullptr && r->gpu) return true;
+    const uint8_t* mine = op == Op::kWrite ? c.src : c.dst;
+    const Range* r = Find(mine, c.length);
+    // Unregistered memory is classified here: a client's GPU memory that
+    // this node imported, say.
+    if (r != nullptr ? r->gpu : gpu::Classify(mine).kind == gpu::MemoryKind::kDevice) return true;
   }
   return false;
 }

@@ -16,6 +16,8 @@
 #include "common/bytes.h"
 #include "common/log.h"
 #include "common/thread_name.h"
+#include "gpu/gpu.h"
+#include "gpu/interprocess.h"
 #include "store/client/core.h"
 #include "store/rpc/attach_wire.h"
 
@@ -83,9 +85,18 @@ class Session {
   Status Locate(ByteReader& r, ByteWriter& w);
   // The client memory [off, off+len) of buffer `id`, or null.
   uint8_t* Resolve(uint32_t id, uint64_t off, uint64_t len) const;
-  // An item's parts: a count, then (buffer id, offset, length) each. OK with
-  // the parts, or the item's error; the reader fails on a malformed count.
-  Status ReadParts(ByteReader& r, uint32_t min_parts, std::vector<Part>* parts) const;
+  // An item's parts: a count, then each one's kind and place: a registered
+  // buffer (id, offset, length), or GPU memory of the client (device, IPC
+  // handle, offset in the allocation, length). OK with the parts, or the
+  // item's error; ProtocolError on a malformed count or kind.
+  Status ReadParts(ByteReader& r, uint32_t min_parts, int gpu_device, std::vector<Part>* parts);
+  // The GPU readiness of a request: the device its GPU parts are on (-1:
+  // none) and, if the client recorded one, its event. Sets *stream to this
+  // session's stream of that device, which waits for the event on the GPU.
+  Status ReadReadiness(ByteReader& r, int* device, void** stream);
+  // The client's allocation behind `handle`, imported once and kept until
+  // the client goes (or the cache is full).
+  Result<uint8_t*> Import(const std::string& handle, int device, uint64_t off, uint64_t len);
   std::vector<std::string> Keys(ByteReader& r, uint32_t n);
 
   StoreCore& core_;
@@ -94,7 +105,23 @@ class Session {
   const int fd_;
   uint32_t next_id_ = 1;
   std::map<uint32_t, std::shared_ptr<Mapping>> buffers_;
+  struct Imported {
+    uint8_t* base;
+    int device;
+    uint64_t size;
+  };
+  std::map<std::string, Imported> imports_;  // by IPC handle
+  std::map<int, std::unique_ptr<gpu::IpcStream>> streams_;  // by device
+
+ public:
+  ~Session() {
+    streams_.clear();
+    for (auto& [handle, imp] : imports_) gpu::CloseIpc(imp.base, imp.device);
+  }
 };
+
+// Imports kept per client; past this, the cache starts afresh.
+constexpr size_t kMaxImports = 256;
 
 Status CountOf(ByteReader& r, uint32_t* n) {
   *n = r.U32();
@@ -112,7 +139,8 @@ std::vector<std::string> Session::Keys(ByteReader& r, uint32_t n) {
   return keys;
 }
 
-Status Session::ReadParts(ByteReader& r, uint32_t min_parts, std::vector<Part>* parts) const {
+Status Session::ReadParts(ByteReader& r, uint32_t min_parts, int gpu_device,
+                          std::vector<Part>* parts) {
   const uint32_t n = r.U32();
   if (!r.ok() || n < min_parts || n > attach::kMaxParts) {
     return Status(StatusCode::kProtocolError, "an item needs " + std::to_string(min_parts) +
@@ -121,13 +149,69 @@ Status Session::ReadParts(ByteReader& r, uint32_t min_parts, std::vector<Part>* 
   }
   Status st;
   for (uint32_t k = 0; k < n && r.ok(); ++k) {
-    const uint32_t id = r.U32();
-    const uint64_t off = r.U64(), len = r.U64();
-    uint8_t* p = Resolve(id, off, len);
-    if (p == nullptr) st = Bad("the range is not inside a buffer registered with the node");
-    parts->push_back({p, len});
+    const uint8_t kind = r.U8();
+    if (kind == attach::kPartBuffer) {
+      const uint32_t id = r.U32();
+      const uint64_t off = r.U64(), len = r.U64();
+      uint8_t* p = Resolve(id, off, len);
+      if (p == nullptr) st = Bad("the range is not inside a buffer registered with the node");
+      parts->push_back({p, len});
+    } else if (kind == attach::kPartGpu) {
+      const int device = static_cast<int>(r.U32());
+      std::string handle = r.Str(gpu::kIpcHandleBytes);
+      const uint64_t off = r.U64(), len = r.U64();
+      if (!r.ok()) break;
+      Result<uint8_t*> p = Bad("GPU memory on device " + std::to_string(device) +
+                               ", but the request's device is " + std::to_string(gpu_device));
+      if (device == gpu_device) p = Import(handle, device, off, len);
+      if (!p.ok()) st = p.status();
+      parts->push_back({p.ok() ? p.value() : nullptr, len});
+    } else {
+      return Status(StatusCode::kProtocolError, "unknown part kind " + std::to_string(kind));
+    }
   }
   return st;
+}
+
+Status Session::ReadReadiness(ByteReader& r, int* device, void** stream) {
+  *device = r.I32();
+  const std::string event = r.Str(gpu::kIpcHandleBytes);
+  *stream = nullptr;
+  if (!r.ok() || (!event.empty() && event.size() != gpu::kIpcHandleBytes) ||
+      (*device < 0 && !event.empty())) {
+    return Status(StatusCode::kProtocolError, "malformed GPU readiness");
+  }
+  if (*device < 0) return Status::Ok();
+  if (*device >= gpu::DeviceCount()) return Bad("no GPU " + std::to_string(*device) + " here");
+  auto& s = streams_[*device];
+  if (s == nullptr) {
+    // Made once per client and device, when its first GPU request comes.
+    FERRY_ASSIGN_OR_RETURN(s, gpu::IpcStream::Create(*device));
+  }
+  if (!event.empty()) FERRY_RETURN_IF_ERROR(s->WaitPeerEvent(event));
+  *stream = s->stream();
+  return Status::Ok();
+}
+
+Result<uint8_t*> Session::Import(const std::string& handle, int device, uint64_t off,
+                                 uint64_t len) {
+  auto it = imports_.find(handle);
+  if (it == imports_.end()) {
+    if (imports_.size() >= kMaxImports) {
+      for (auto& [h, imp] : imports_) gpu::CloseIpc(imp.base, imp.device);
+      imports_.clear();
+    }
+    // Opening can synchronize the device: once per allocation and client.
+    FERRY_ASSIGN_OR_RETURN(void* base, gpu::OpenIpc(handle, device));
+    const gpu::MemoryInfo info = gpu::Classify(base);
+    it = imports_.emplace(handle, Imported{static_cast<uint8_t*>(base), device, info.alloc_size})
+             .first;
+  }
+  const Imported& imp = it->second;
+  if (off > imp.size || len > imp.size - off) {
+    return Bad("the range is outside the client's GPU allocation");
+  }
+  return imp.base + off;
 }
 
 uint8_t* Session::Resolve(uint32_t id, uint64_t off, uint64_t len) const {
@@ -261,6 +345,8 @@ Status Session::Put(ByteReader& r, ByteWriter& w) {
   const uint8_t pin = r.U8();
   po.pin_ttl = Millis(std::min<uint64_t>(r.U64(), 365ull * 24 * 3600 * 1000));
   po.preferred_segment = r.Str(attach::kMaxMessage);
+  int device = -1;
+  FERRY_RETURN_IF_ERROR(ReadReadiness(r, &device, &po.stream));
   uint32_t n = 0;
   FERRY_RETURN_IF_ERROR(CountOf(r, &n));
   if (pin > static_cast<uint8_t>(StorePin::kHard)) return Bad("unknown pin kind");
@@ -270,7 +356,7 @@ Status Session::Put(ByteReader& r, ByteWriter& w) {
   std::vector<Status> pre(n);
   for (uint32_t i = 0; i < n && r.ok(); ++i) {
     keys[i] = r.Str(Store::kMaxKeyBytes);
-    pre[i] = ReadParts(r, 1, &src[i].parts);
+    pre[i] = ReadParts(r, 1, device, &src[i].parts);
     if (pre[i].code() == StatusCode::kProtocolError) return pre[i];
   }
   if (!r.ok() || r.Left() != 0) return Status(StatusCode::kProtocolError, "malformed Put");
@@ -283,6 +369,9 @@ Status Session::Put(ByteReader& r, ByteWriter& w) {
 Status Session::Get(ByteReader& r, ByteWriter& w) {
   const uint32_t pack_id = r.U32();
   const uint64_t pack_off = r.U64(), pack_cap = r.U64();
+  int device = -1;
+  void* stream = nullptr;
+  FERRY_RETURN_IF_ERROR(ReadReadiness(r, &device, &stream));
   uint32_t n = 0;
   FERRY_RETURN_IF_ERROR(CountOf(r, &n));
   Pack pack;
@@ -298,7 +387,7 @@ Status Session::Get(ByteReader& r, ByteWriter& w) {
   for (uint32_t i = 0; i < n && r.ok(); ++i) {
     keys[i] = r.Str(Store::kMaxKeyBytes);
     // No parts: packed into the request's pack region.
-    bad[i] = ReadParts(r, 0, &sinks[i].parts);
+    bad[i] = ReadParts(r, 0, device, &sinks[i].parts);
     if (bad[i].code() == StatusCode::kProtocolError) return bad[i];
     if (bad[i].ok() && sinks[i].parts.empty()) {
       if (pack.base == nullptr) bad[i] = Bad("a packed item, but no pack region");
@@ -308,7 +397,7 @@ Status Session::Get(ByteReader& r, ByteWriter& w) {
     if (!bad[i].ok()) sinks[i] = Sink{};
   }
   if (!r.ok() || r.Left() != 0) return Status(StatusCode::kProtocolError, "malformed Get");
-  auto out = core_.Get(keys, sinks);
+  auto out = core_.Get(keys, sinks, stream);
   w.U32(n);
   for (uint32_t i = 0; i < n; ++i) {
     PutStatus(w, bad[i].ok() ? out[i].status() : bad[i]);

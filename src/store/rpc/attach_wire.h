@@ -31,6 +31,10 @@ inline constexpr size_t kMaxMessage = 4096;  // error texts and names
 inline constexpr uint32_t kMaxDeadlineMs = 600000;
 // Buffers one value may span (multi-buffer puts and gets).
 inline constexpr uint32_t kMaxParts = 256;
+// The kinds of a part: a registered (memfd) buffer, or GPU memory shared by
+// CUDA IPC.
+inline constexpr uint8_t kPartBuffer = 0;
+inline constexpr uint8_t kPartGpu = 1;
 
 enum class Type : uint16_t {
   kHello = 1,
