@@ -208,7 +208,8 @@ class Store {
                                            std::span<const StoreBuffer> buffers,
                                            const GetOptions& options = {});
   // Multi-buffer forms: each object is the concatenation of its buffers, in
-  // order. BatchPutParts copies from any host memory (as Put); the others
+  // order. BatchPutParts takes any host memory (as Put) and GPU memory,
+  // registered or not, read after options.stream's earlier work; the others
   // need registered memory (as PutFrom and GetInto). A get fills the buffers
   // in order and fails with OutOfRange when their sum is smaller than the value.
   std::vector<Status> BatchPutParts(std::span<const std::string> keys,

@@ -280,21 +280,24 @@ class Store:
 
     def put_parts(self, key: Key, parts: Sequence[Any], *, replicas: Optional[int] = None,
                   preferred: Optional[str] = None, pin: Optional[str] = None,
-                  pin_ttl: Optional[float] = None) -> None:
-        """As put, of the concatenation of `parts` (host memory, no Python copy)."""
+                  pin_ttl: Optional[float] = None, stream: Any = None) -> None:
+        """As put, of the concatenation of `parts`, with no Python copy. Parts may
+        be CUDA memory (registered or not): read after the work already queued on
+        `stream` (default: torch's current stream for their device)."""
         err = self.batch_put_parts([key], [parts], replicas=replicas, preferred=preferred,
-                                   pin=pin, pin_ttl=pin_ttl)[0]
+                                   pin=pin, pin_ttl=pin_ttl, stream=stream)[0]
         if err is not None:
             raise err
 
     def batch_put_parts(self, keys: Sequence[Key], parts_lists: Sequence[Sequence[Any]], *,
                         replicas: Optional[int] = None, preferred: Optional[str] = None,
-                        pin: Optional[str] = None,
-                        pin_ttl: Optional[float] = None) -> list[Optional[FerryError]]:
+                        pin: Optional[str] = None, pin_ttl: Optional[float] = None,
+                        stream: Any = None) -> list[Optional[FerryError]]:
         ks = _keys(keys)
-        lists = _buffer_lists(ks, parts_lists, writable=False, gpu=False)
+        lists = _buffer_lists(ks, parts_lists, writable=False, gpu=True)
         res = self._store.batch_put_parts(ks, [[(b.address, b.nbytes) for b in l] for l in lists],
-                                          **_put_options(replicas, preferred, pin, pin_ttl))
+                                          **_put_options(replicas, preferred, pin, pin_ttl),
+                                          stream=_stream([b for l in lists for b in l], stream))
         return [_error(*r) for r in res]
 
     def batch_put_from_multi(self, keys: Sequence[Key], buffer_lists: Sequence[Sequence[Any]], *,

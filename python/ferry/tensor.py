@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import struct
 import sys
+import warnings
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, Optional, Sequence, Union
@@ -38,7 +39,6 @@ _AXIS = "iiiiiiq"
 _FORMAT = struct.Struct("<" + _HEAD + "8q8q" + "II" + _AXIS * MAX_AXES)
 assert _FORMAT.size == HEADER_SIZE
 
-CUDA_NOT_SUPPORTED = "CUDA tensors in the store are not supported yet"
 
 
 class DType(IntEnum):
@@ -183,10 +183,11 @@ def _import_torch() -> Any:
 
 
 def _check_host_torch(t: Any, what: str) -> None:
-    if t.is_cuda:
-        raise NotSupported(CUDA_NOT_SUPPORTED)
-    if t.device.type != "cpu":
-        raise NotSupported(f"{what} is on device {t.device}; the store holds host memory")
+    """CPU and CUDA tensors; CUDA ones move on torch's current stream for their
+    device (a put reads them after the work already queued there)."""
+    if t.device.type not in ("cpu", "cuda"):
+        raise NotSupported(f"{what} is on device {t.device}; the store takes CPU and CUDA "
+                           "tensors")
 
 
 def _torch_code(t: Any) -> DType:
@@ -205,10 +206,12 @@ def _numpy_code(dtype: np.dtype) -> DType:
     return code
 
 
-def _torch_bytes(t: Any) -> np.ndarray:
-    """A flat uint8 numpy view of a contiguous CPU tensor's memory (it keeps t alive)."""
+def _torch_bytes(t: Any) -> Any:
+    """A flat uint8 view of a contiguous tensor's memory (it keeps t alive): numpy
+    for a CPU tensor, a uint8 CUDA tensor for a CUDA one."""
     torch = _import_torch()
-    return t.detach().reshape(-1).view(torch.uint8).numpy()
+    flat = t.detach().reshape(-1).view(torch.uint8)
+    return flat if flat.is_cuda else flat.numpy()
 
 
 def _numpy_bytes(a: np.ndarray) -> np.ndarray:
@@ -257,7 +260,7 @@ def _encode_source(src: Any, global_shape: Optional[tuple[int, ...]] = None,
     header = TensorHeader(dtype=code, global_shape=shape if global_shape is None else global_shape,
                           local_shape=shape, layout_kind=kind, axes=axes,
                           data_bytes=raw.nbytes)
-    return header.pack(), memoryview(raw)
+    return header.pack(), raw if _is_torch(raw) else memoryview(raw)
 
 
 def encode(t: Any) -> tuple[bytes, memoryview]:
@@ -369,10 +372,8 @@ def _torch_device(device: Any) -> Any:
         raise NotSupported("device= returns a torch tensor, and torch is not installed; "
                            "leave device out for a numpy array") from None
     dev = torch.device(device)
-    if dev.type == "cuda":
-        raise NotSupported(CUDA_NOT_SUPPORTED)
-    if dev.type != "cpu":
-        raise NotSupported(f"device {dev}: the store reads into host memory")
+    if dev.type not in ("cpu", "cuda"):
+        raise NotSupported(f"device {dev}: the store reads into CPU or CUDA tensors")
     return torch, dev
 
 
@@ -393,8 +394,7 @@ def _materialize(header: TensorHeader, value: Any, device: Any) -> Any:
                                f"({torch.__version__}) has no torch.{_TORCH_NAME[code]}")
         out = torch.empty(header.shape, dtype=dtype, device=dev)
         raw = _torch_bytes(out)
-    if header.data_bytes:
-        raw[:] = _data_view(value, header.data_offset, header.data_bytes)
+    _copy_into(header, value, raw)
     return out
 
 
@@ -435,9 +435,19 @@ def _check_fits(header: TensorHeader, dst: tuple[DType, tuple[int, ...], np.ndar
                               f"{raw.nbytes}")
 
 
-def _copy_into(header: TensorHeader, value: Any, raw: np.ndarray) -> None:
-    if header.data_bytes:
-        raw[:] = _data_view(value, header.data_offset, header.data_bytes)
+def _copy_into(header: TensorHeader, value: Any, raw: Any) -> None:
+    if not header.data_bytes:
+        return
+    view = _data_view(value, header.data_offset, header.data_bytes)
+    if isinstance(raw, np.ndarray):
+        raw[:] = view
+        return
+    # A CUDA destination: copied on torch's current stream for its device, so
+    # the work queued after this call there sees the value.
+    torch = _import_torch()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a read-only source is fine for a copy
+        raw.copy_(torch.frombuffer(view, dtype=torch.uint8))
 
 
 # The Store methods (python/ferry/store.py forwards to these).

@@ -356,21 +356,23 @@ void RegisterStore(py::module_& m) {
           },
           py::arg("keys"), py::arg("buffers"), py::arg("stream") = 0)
       // Multi-buffer forms: each object is the concatenation of its list.
-      // batch_put_parts copies from any host memory; the others need
+      // batch_put_parts takes any host memory, and GPU memory (which it
+      // moves through the engine or, attached, by IPC); the others need
       // registered memory.
       .def(
           "batch_put_parts",
           [](PyStore& s, const Keys& keys, const std::vector<std::vector<Range>>& parts,
-             uint32_t replicas, std::string preferred, int pin, int64_t pin_ttl_ms) {
+             uint32_t replicas, std::string preferred, int pin, int64_t pin_ttl_ms,
+             uint64_t stream) {
             CheckSameLength(keys, parts);
             const ferry::PutOptions o =
-                ToPutOptions(replicas, std::move(preferred), pin, pin_ttl_ms);
+                ToPutOptions(replicas, std::move(preferred), pin, pin_ttl_ms, stream);
             const auto lists = ToBufferLists(parts);
             return ToTuples(
                 s.Call([&](ferry::Store& st) { return st.BatchPutParts(keys, lists, o); }));
           },
           py::arg("keys"), py::arg("parts"), py::arg("replicas") = 0, py::arg("preferred") = "",
-          py::arg("pin") = 0, py::arg("pin_ttl_ms") = 0)
+          py::arg("pin") = 0, py::arg("pin_ttl_ms") = 0, py::arg("stream") = 0)
       .def(
           "batch_put_from_multi",
           [](PyStore& s, const Keys& keys, const std::vector<std::vector<Range>>& buffers,

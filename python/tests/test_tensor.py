@@ -501,11 +501,10 @@ def test_torch_non_contiguous_tp_and_refusals(store):
     assert bool((dst == 7).all())
     with pytest.raises(ferry.InvalidArgument, match="not contiguous"):
         store.get_tensor_into("nc", torch.zeros(12, 16, dtype=torch.bfloat16)[:, :8])
-    with pytest.raises(ferry.NotSupported, match="CUDA tensors in the store"):
-        store.get_tensor("nc", device="cuda")
+    with pytest.raises(ferry.NotSupported, match="CPU or CUDA"):
+        store.get_tensor("nc", device="meta")
+    with pytest.raises(ferry.NotSupported, match="CPU and CUDA"):
+        store.put_tensor("meta", torch.zeros(2, device="meta"))
     with pytest.raises(ferry.InvalidArgument):
         store.put_tensor("cx", torch.zeros(2, dtype=torch.complex64))
-    if torch.cuda.is_available():
-        with pytest.raises(ferry.NotSupported, match="CUDA tensors in the store"):
-            store.put_tensor("cuda", torch.zeros(2, device="cuda"))
-    assert not store.exists("cx") and not store.exists("cuda")
+    assert not store.exists("cx") and not store.exists("meta")

@@ -74,9 +74,9 @@ class StoreCore {
   StoreCore& operator=(const StoreCore&) = delete;
 
   // One result per key, in order. `pre` may arrive with items already failed;
-  // those are skipped. Host sources need not be registered: local replicas
-  // are copied by memcpy, remote ones by the engine; GPU sources must be
-  // registered, and are read after the work enqueued on options.stream (R1).
+  // those are skipped. Sources need not be registered: host memory is copied
+  // by memcpy into local replicas, and by the engine to remote ones; GPU
+  // memory only by the engine, after the work enqueued on options.stream (R1).
   std::vector<Status> Put(std::span<const std::string> keys, std::span<const Source> values,
                           const PutOptions& options, std::vector<Status> pre = {});
   // Sizes of the values read into `sinks` (one per key).
