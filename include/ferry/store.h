@@ -74,6 +74,11 @@ struct GetOptions {
   // cudaStream_t before the call (R2), and holds the value when the call
   // returns (R3); null is the legacy default stream.
   void* stream = nullptr;
+  // When set (at most 4096 bytes), a value that does not begin with these
+  // bytes fails with InvalidArgument ("... does not begin with the
+  // expected bytes") before any byte reaches the buffers: a
+  // reader that knows the header it needs reads straight into its tensor.
+  std::string expect_prefix;
 };
 
 struct StoreOptions {
@@ -220,6 +225,11 @@ class Store {
                                         const PutOptions& options = {});
   std::vector<Result<size_t>> BatchGetIntoMulti(std::span<const std::string> keys,
                                                 std::span<const std::vector<StoreBuffer>> buffers,
+                                                const GetOptions& options = {});
+  // As BatchGetIntoMulti, into any memory: host memory by copy, GPU memory
+  // (registered or not) as GetOptions says.
+  std::vector<Result<size_t>> BatchGetIntoParts(std::span<const std::string> keys,
+                                                std::span<const std::vector<StoreBuffer>> parts,
                                                 const GetOptions& options = {});
   std::vector<Status> BatchExists(std::span<const std::string> keys);
   std::vector<Status> BatchRemove(std::span<const std::string> keys, bool force = false);

@@ -313,14 +313,29 @@ class Store:
             stream=_stream([b for l in lists for b in l], stream))
         return [_error(*r) for r in res]
 
+    def batch_get_into_parts(self, keys: Sequence[Key], parts_lists: Sequence[Sequence[Any]], *,
+                             stream: Any = None,
+                             expect: bytes = b"") -> list[Union[int, FerryError]]:
+        """As batch_get_into_multi, into any memory: host memory by copy, CUDA
+        memory (registered or not) after the work already queued on `stream`."""
+        ks = _keys(keys)
+        lists = _buffer_lists(ks, parts_lists, writable=True, gpu=True)
+        res = self._store.batch_get_into_parts(
+            ks, [[(b.address, b.nbytes) for b in l] for l in lists],
+            stream=_stream([b for l in lists for b in l], stream), expect=expect)
+        return [n if code == 0 else error_class(code)(text) for code, text, n in res]
+
     def batch_get_into_multi(self, keys: Sequence[Key], buffer_lists: Sequence[Sequence[Any]], *,
-                             stream: Any = None) -> list[Union[int, FerryError]]:
-        """As batch_get_into, each value spread over a list of registered buffers."""
+                             stream: Any = None,
+                             expect: bytes = b"") -> list[Union[int, FerryError]]:
+        """As batch_get_into, each value spread over a list of registered buffers.
+        With `expect`, a value that does not begin with those bytes fails
+        (InvalidArgument) before any byte reaches the buffers."""
         ks = _keys(keys)
         lists = _buffer_lists(ks, buffer_lists, writable=True, gpu=True)
         res = self._store.batch_get_into_multi(
             ks, [[(b.address, b.nbytes) for b in l] for l in lists],
-            stream=_stream([b for l in lists for b in l], stream))
+            stream=_stream([b for l in lists for b in l], stream), expect=expect)
         return [n if code == 0 else error_class(code)(text) for code, text, n in res]
 
     def batch_exists(self, keys: Sequence[Key]) -> list[bool]:

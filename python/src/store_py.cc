@@ -390,14 +390,29 @@ void RegisterStore(py::module_& m) {
       .def(
           "batch_get_into_multi",
           [](PyStore& s, const Keys& keys, const std::vector<std::vector<Range>>& buffers,
-             uint64_t stream) {
+             uint64_t stream, py::bytes expect) {
             CheckSameLength(keys, buffers);
             const auto lists = ToBufferLists(buffers);
-            const ferry::GetOptions o = ToGetOptions(stream);
+            ferry::GetOptions o = ToGetOptions(stream);
+            o.expect_prefix = expect;
             return SizeTuples(
                 s.Call([&](ferry::Store& st) { return st.BatchGetIntoMulti(keys, lists, o); }));
           },
-          py::arg("keys"), py::arg("buffers"), py::arg("stream") = 0)
+          py::arg("keys"), py::arg("buffers"), py::arg("stream") = 0,
+          py::arg("expect") = py::bytes())
+      .def(
+          "batch_get_into_parts",
+          [](PyStore& s, const Keys& keys, const std::vector<std::vector<Range>>& parts,
+             uint64_t stream, py::bytes expect) {
+            CheckSameLength(keys, parts);
+            const auto lists = ToBufferLists(parts);
+            ferry::GetOptions o = ToGetOptions(stream);
+            o.expect_prefix = expect;
+            return SizeTuples(
+                s.Call([&](ferry::Store& st) { return st.BatchGetIntoParts(keys, lists, o); }));
+          },
+          py::arg("keys"), py::arg("parts"), py::arg("stream") = 0,
+          py::arg("expect") = py::bytes())
       .def(
           "batch_exists",
           [](PyStore& s, const Keys& keys) {

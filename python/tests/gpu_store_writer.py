@@ -5,7 +5,7 @@ context, so lazy module loading is real, and test-only settings stay here).
 
 TARGET: a node's socket path (attached) or "master=HOST:PORT" (embedded pure
 client). MODE: single | batch | sync (synchronizes before each put, a control)
-| mixed | bad_stream. STREAM: legacy | per_thread | blocking | nonblocking: the
+| mixed | capturing (a put while the stream is captured into a graph). STREAM: legacy | per_thread | blocking | nonblocking: the
 current stream the puts are made from.
 
 Each trial fills CUDA tensors on a producer stream after a sleep kernel, joins
@@ -67,15 +67,27 @@ def main() -> int:
     srcs = [torch.empty(NBYTES, dtype=torch.uint8, device="cuda") for _ in range(n)]
     expected, pending, ready = {}, 0, 0
     with torch.cuda.stream(current):
-        if mode == "bad_stream":
-            try:
-                store.put_parts(f"{tag}-bad", [b"x", srcs[0]], stream=0xDEAD0)
-                result = {"error": None}
-            except ferry.FerryError as e:
-                result = {"error": type(e).__name__, "message": str(e)}
-            result["visible"] = store.exists(f"{tag}-bad")
+        if mode == "capturing":
+            graph, result = torch.cuda.CUDAGraph(), {"error": None}
+            side = torch.cuda.Stream()
+            with torch.cuda.stream(side):
+                graph.capture_begin()
+                try:
+                    store.put_tensor(f"{tag}-captured", srcs[0])
+                except ferry.FerryError as e:
+                    result = {"error": type(e).__name__, "message": str(e)}
+                finally:
+                    graph.capture_end()
+            result["visible"] = store.exists(f"{tag}-captured")
             print(json.dumps(result), flush=True)
             return 0
+        # One untimed round first: under lazy loading the first launches of the
+        # sleep and fill kernels load their modules, which waits for the GPU.
+        with torch.cuda.stream(producer):
+            torch.cuda._sleep(1000)
+            for s in srcs:
+                s.fill_(0)
+        torch.cuda.synchronize()
         for i in range(trials):
             value = i % 251 + 1
             with torch.cuda.stream(producer):

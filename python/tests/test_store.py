@@ -716,3 +716,29 @@ def test_registered_gpu_memory_follows_the_current_stream():
         assert bool((back == 0x3C).all())
         # The same value read back to the host.
         assert s.get("block3") == bytes([0x3C]) * (layers * block)
+
+
+def expect_prefix_checks(s: ferry.Store) -> None:
+    """A get with expect= reads only a value that begins with those bytes, and
+    leaves the buffers untouched otherwise."""
+    s.put("ex", b"HEADER" + bytes(range(200)))
+    head, body = s.allocate_buffer(6), np.zeros(200, np.uint8)
+    assert s.batch_get_into_parts(["ex"], [[head, body]], expect=b"HEADER") == [206]
+    assert bytes(head) == b"HEADER" and bytes(body) == bytes(range(200))
+    body[:] = 7
+    out = s.batch_get_into_parts(["ex"], [[head, body]], expect=b"HEADEX")
+    assert isinstance(out[0], ferry.InvalidArgument) and "expected bytes" in str(out[0])
+    assert (body == 7).all()
+
+
+def test_get_with_expected_prefix_embedded(store):
+    expect_prefix_checks(store)
+
+
+@needs_attach
+def test_get_with_expected_prefix_attached(cluster):
+    cluster.start_master()
+    path = cluster.socket_path()
+    cluster.start_node("--socket", path)
+    with ferry.Store.attach(path) as s:
+        expect_prefix_checks(s)

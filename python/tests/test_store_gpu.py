@@ -108,10 +108,10 @@ def test_mixed_batches(node, alloc):
 
 
 @needs_attach
-def test_an_invalid_stream_sends_nothing(node):
+def test_a_stream_being_captured_is_refused_and_nothing_is_sent(node):
     c, path = node
-    r = write(path, "bad_stream", "nonblocking", 1, "bad")
-    assert r["error"] is not None and r["visible"] is False, r
+    r = write(path, "capturing", "nonblocking", 1, "captured")
+    assert r["error"] == "NotSupported" and r["visible"] is False, r
 
 
 def test_embedded_puts_follow_the_current_stream(node):

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ferry/status.h"
@@ -63,8 +64,29 @@ struct MasterArgs {
   double low_watermark = 0.80;
   int shards = 16;
   uint64_t max_object_size = 1ull << 32;
+  // Lines printed once on stderr at start: the Mooncake flags that were
+  // accepted but mean nothing in Ferry (ApplyMooncakeMasterFlags).
+  std::vector<std::string> notices;
 };
 int Master(const MasterArgs& args);
+
+// `mooncake_master`'s flag spellings, accepted by `ferry master` so that a
+// deployment script switches by changing the binary (docs/mooncake-compat.md).
+// Named without their dashes; each takes at most one value. `help` is empty
+// for the flags accepted only to be reported (hidden from --help).
+struct MooncakeFlag {
+  std::string name;
+  std::string help;
+};
+const std::vector<MooncakeFlag>& MooncakeMasterFlags();
+// Maps the Mooncake flags given (name -> value, "" when given bare) onto
+// `args`. `ferry_given` holds Ferry's own master options given, as spelled
+// ("--lease-ms"): giving both spellings of one setting is refused.
+// InvalidArgument for a bad value or for --enable_ha (no cluster mode yet).
+Status ApplyMooncakeMasterFlags(const std::vector<std::pair<std::string, std::string>>& given,
+                                const std::vector<std::string>& ferry_given, MasterArgs* args);
+// Mooncake's durations: milliseconds, or a number with ms, s, m or h.
+Result<int64_t> ParseDurationMs(const std::string& text);
 
 struct NodeArgs {
   std::string master;  // host:port

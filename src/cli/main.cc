@@ -1,5 +1,6 @@
 // The `ferry` command.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <iostream>
@@ -151,6 +152,16 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1.0));
   m->add_option("--shards", ma.shards, "Metadata shards")->check(CLI::Range(1, 4096));
   m->add_option("--max-object-size", ma_max, "Largest value accepted");
+  // Mooncake's `mooncake_master` spellings, mapped by ApplyMooncakeMasterFlags.
+  std::vector<std::pair<std::string, std::string>> ma_mooncake;
+  for (const MooncakeFlag& f : MooncakeMasterFlags()) {
+    const std::string name = f.name;
+    m->add_option_function<std::string>(
+         "--" + name,
+         [&ma_mooncake, name](const std::string& v) { ma_mooncake.emplace_back(name, v); }, f.help)
+        ->expected(0, 1)
+        ->group(f.help.empty() ? "" : "Mooncake spellings");
+  }
 
   NodeArgs na;
   std::string na_size = "256MiB";
@@ -221,7 +232,24 @@ int main(int argc, char** argv) {
   auto* demo = app.add_subcommand("demo", "Move and verify data through every transport");
   demo->add_option("--bytes", demo_bytes, "Bytes to write, and read back, per transport");
 
-  CLI11_PARSE(app, argc, argv);
+  // gflags also takes one dash (-eviction_ratio=0.1): `ferry master` gives
+  // Mooncake's flags their second one.
+  std::vector<std::string> arg_text(argv, argv + argc);
+  if (argc > 1 && arg_text[1] == "master") {
+    const auto& mooncake = MooncakeMasterFlags();
+    for (size_t i = 2; i < arg_text.size(); ++i) {
+      std::string& a = arg_text[i];
+      if (a.size() < 3 || a[0] != '-' || a[1] == '-') continue;
+      const std::string name = a.substr(1, a.find('=') - 1);
+      if (name == "port" || std::any_of(mooncake.begin(), mooncake.end(),
+                                        [&](const MooncakeFlag& f) { return f.name == name; })) {
+        a.insert(0, "-");
+      }
+    }
+  }
+  std::vector<char*> arg_ptrs;
+  for (auto& a : arg_text) arg_ptrs.push_back(a.data());
+  CLI11_PARSE(app, argc, arg_ptrs.data());
 
   if (s->parsed()) {
     if (!SizeOption(serve_alloc, &serve.alloc_bytes, "--alloc") ||
@@ -241,6 +269,15 @@ int main(int argc, char** argv) {
   }
   if (m->parsed()) {
     if (!SizeOption(ma_max, &ma.max_object_size, "--max-object-size")) return 2;
+    std::vector<std::string> ferry_given;
+    for (const char* f : {"--host", "--port", "--http-port", "--lease-ms", "--put-timeout-ms",
+                          "--node-ttl-ms", "--high-watermark", "--low-watermark"}) {
+      if (m->count(f) > 0) ferry_given.emplace_back(f);
+    }
+    if (auto st = ApplyMooncakeMasterFlags(ma_mooncake, ferry_given, &ma); !st.ok()) {
+      std::cerr << "ferry master: " << st.message() << "\n";
+      return 2;
+    }
     if (ma.low_watermark > ma.high_watermark) {
       std::cerr << "ferry: --low-watermark must not exceed --high-watermark\n";
       return 2;

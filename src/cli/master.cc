@@ -1,7 +1,11 @@
-// `ferry master`: the store's metadata service until SIGTERM.
+// `ferry master`: the store's metadata service until SIGTERM. Also accepts the
+// flag spellings of Mooncake's `mooncake_master` (docs/mooncake-compat.md).
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "cli/cli.h"
@@ -9,7 +13,230 @@
 
 namespace ferry::cli {
 
+namespace {
+
+// Mooncake flags mapped onto a Ferry option, and that option's own spelling.
+struct Mapped {
+  const char* name;
+  const char* ferry;  // giving both spellings is refused; null: no conflict check
+  const char* help;
+};
+constexpr Mapped kMapped[] = {
+    {"rpc_port", nullptr, "= --port when not 0 (0: --port decides)"},
+    {"rpc_address", "--host", "= --host"},
+    {"default_kv_lease_ttl", "--lease-ms", "= --lease-ms; ms, or with ms, s, m or h"},
+    {"eviction_high_watermark_ratio", "--high-watermark", "= --high-watermark"},
+    {"eviction_ratio", "--low-watermark", "--low-watermark = high watermark - this (0.05)"},
+    {"client_ttl", "--node-ttl-ms", "= --node-ttl-ms, in seconds"},
+    {"metrics_port", "--http-port", "= --http-port"},
+    {"put_start_discard_timeout_sec", "--put-timeout-ms", "= --put-timeout-ms, in seconds"},
+    {"enable_ha", nullptr, "Refused when true: no cluster mode yet"},
+};
+// High availability over etcd: Ferry has no cluster mode yet.
+constexpr const char* kNotYet[] = {"etcd_endpoints", "ha_backend_type", "ha_backend_connstring"};
+// Accepted and reported: nothing in Ferry corresponds to them.
+constexpr const char* kIgnored[] = {
+    "rpc_thread_num",
+    "max_threads",
+    "rpc_interface",
+    "rpc_conn_timeout_seconds",
+    "rpc_enable_tcp_no_delay",
+    "metrics_host",
+    "enable_metric_reporting",
+    "default_kv_soft_pin_ttl",
+    "max_kv_soft_pin_ttl",
+    "allow_evict_soft_pinned_objects",
+    "enable_http_metadata_server",
+    "http_metadata_server_port",
+    "http_metadata_server_host",
+    "enable_offload",
+    "offload_on_evict",
+    "root_fs_dir",
+    "global_file_segment_size",
+    "cluster_id",
+    "memory_allocator",
+    "allocation_strategy",
+    "config_path",
+    "put_start_release_timeout_sec",
+};
+
+Status Bad(const std::string& flag, const std::string& value, const std::string& why) {
+  return Status(StatusCode::kInvalidArgument, "--" + flag + " '" + value + "': " + why);
+}
+
+// A whole-string integer in [lo, hi].
+Result<int64_t> Integer(const std::string& flag, const std::string& value, int64_t lo, int64_t hi) {
+  size_t pos = 0;
+  int64_t v = 0;
+  try {
+    v = std::stoll(value, &pos);
+  } catch (const std::exception&) {
+    return Bad(flag, value, "not an integer");
+  }
+  if (pos != value.size()) return Bad(flag, value, "not an integer");
+  if (v < lo || v > hi) {
+    return Bad(flag, value,
+               "out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  }
+  return v;
+}
+
+Result<double> Ratio(const std::string& flag, const std::string& value) {
+  size_t pos = 0;
+  double v = 0;
+  try {
+    v = std::stod(value, &pos);
+  } catch (const std::exception&) {
+    return Bad(flag, value, "not a number");
+  }
+  if (pos != value.size()) return Bad(flag, value, "not a number");
+  if (!(v >= 0.0 && v <= 1.0)) return Bad(flag, value, "must be between 0 and 1");
+  return v;
+}
+
+// gflags' spellings of a boolean; a bare flag is true.
+Result<bool> Boolean(const std::string& flag, const std::string& value) {
+  std::string v = value;
+  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (v.empty() || v == "true" || v == "t" || v == "yes" || v == "y" || v == "1") return true;
+  if (v == "false" || v == "f" || v == "no" || v == "n" || v == "0") return false;
+  return Bad(flag, value, "not a boolean (true or false)");
+}
+
+std::string Trim(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t") - b + 1);
+}
+
+}  // namespace
+
+const std::vector<MooncakeFlag>& MooncakeMasterFlags() {
+  static const std::vector<MooncakeFlag> flags = [] {
+    std::vector<MooncakeFlag> v;
+    for (const auto& m : kMapped) v.push_back({m.name, m.help});
+    for (const char* n : kNotYet) v.push_back({n, ""});
+    for (const char* n : kIgnored) v.push_back({n, ""});
+    return v;
+  }();
+  return flags;
+}
+
+Result<int64_t> ParseDurationMs(const std::string& text) {
+  const std::string t = Trim(text);
+  size_t digits = 0;
+  while (digits < t.size() && std::isdigit(static_cast<unsigned char>(t[digits]))) ++digits;
+  if (digits == 0) {
+    return Status(StatusCode::kInvalidArgument,
+                  "bad duration '" + text + "': a number of milliseconds, or with ms, s, m or h");
+  }
+  std::string unit = Trim(t.substr(digits));
+  std::transform(unit.begin(), unit.end(), unit.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
+  int64_t mul = 0;
+  if (unit.empty() || unit == "ms")
+    mul = 1;
+  else if (unit == "s")
+    mul = 1000;
+  else if (unit == "m")
+    mul = 60 * 1000;
+  else if (unit == "h")
+    mul = 60 * 60 * 1000;
+  else
+    return Status(StatusCode::kInvalidArgument,
+                  "bad duration unit in '" + text + "': use ms, s, m or h");
+  const std::string number = t.substr(0, digits);
+  if (number.size() > 15)
+    return Status(StatusCode::kInvalidArgument, "duration '" + text + "' is too large");
+  return std::stoll(number) * mul;
+}
+
+Status ApplyMooncakeMasterFlags(const std::vector<std::pair<std::string, std::string>>& given,
+                                const std::vector<std::string>& ferry_given, MasterArgs* a) {
+  auto has_ferry = [&](const char* spelling) {
+    return std::find(ferry_given.begin(), ferry_given.end(), spelling) != ferry_given.end();
+  };
+  std::vector<std::string> ignored, not_yet;
+  const std::string* ratio = nullptr;
+  bool high_given = false;
+  for (const auto& [name, value] : given) {
+    for (const auto& m : kMapped) {
+      if (name == m.name && m.ferry != nullptr && has_ferry(m.ferry)) {
+        return Status(StatusCode::kInvalidArgument,
+                      std::string("give --") + m.name + " or " + m.ferry + ", not both");
+      }
+    }
+    if (name == "rpc_port") {
+      auto v = Integer(name, value, 0, 65535);
+      if (!v.ok()) return v.status();
+      if (v.value() != 0) a->port = static_cast<uint16_t>(v.value());
+    } else if (name == "rpc_address") {
+      if (value.empty()) return Bad(name, value, "an address is required");
+      a->host = value;
+    } else if (name == "default_kv_lease_ttl") {
+      auto v = ParseDurationMs(value);
+      if (!v.ok())
+        return Status(StatusCode::kInvalidArgument, "--" + name + ": " + v.status().message());
+      if (v.value() < 1 || v.value() > 86400000) return Bad(name, value, "must be 1 ms to 24 h");
+      a->lease_ms = v.value();
+    } else if (name == "eviction_high_watermark_ratio") {
+      auto v = Ratio(name, value);
+      if (!v.ok()) return v.status();
+      a->high_watermark = v.value();
+      high_given = true;
+    } else if (name == "eviction_ratio") {
+      auto v = Ratio(name, value);
+      if (!v.ok()) return v.status();
+      ratio = &value;
+    } else if (name == "client_ttl") {
+      auto v = Integer(name, value, 1, 86400);
+      if (!v.ok()) return v.status();
+      a->node_ttl_ms = v.value() * 1000;
+    } else if (name == "metrics_port") {
+      auto v = Integer(name, value, -1, 65535);
+      if (!v.ok()) return v.status();
+      a->http_port = static_cast<int>(v.value());
+    } else if (name == "put_start_discard_timeout_sec") {
+      auto v = Integer(name, value, 1, 86400);
+      if (!v.ok()) return v.status();
+      a->put_timeout_ms = v.value() * 1000;
+    } else if (name == "enable_ha") {
+      auto v = Boolean(name, value);
+      if (!v.ok()) return v.status();
+      if (v.value()) {
+        return Status(StatusCode::kInvalidArgument,
+                      "--enable_ha: high availability (masters elected through etcd) is not "
+                      "supported yet: Ferry has no cluster mode; run one `ferry master`");
+      }
+    } else if (std::find(std::begin(kNotYet), std::end(kNotYet), name) != std::end(kNotYet)) {
+      not_yet.push_back("--" + name);
+    } else {
+      ignored.push_back("--" + name);
+    }
+  }
+  // Mooncake evicts down to about high - ratio once use passes the high
+  // watermark: Ferry's low watermark. Its default ratio is 0.05.
+  if (ratio != nullptr || (high_given && !has_ferry("--low-watermark"))) {
+    const double r = ratio != nullptr ? std::stod(*ratio) : 0.05;
+    a->low_watermark = std::max(0.0, a->high_watermark - r);
+  }
+  auto join = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+    return s;
+  };
+  if (!not_yet.empty()) {
+    a->notices.push_back("ferry master: " + join(not_yet) +
+                         ": not supported yet (no cluster mode, so no etcd); ignored");
+  }
+  if (!ignored.empty()) {
+    a->notices.push_back("ferry master: accepted, but no meaning in Ferry: " + join(ignored));
+  }
+  return Status::Ok();
+}
+
 int Master(const MasterArgs& args) {
+  for (const auto& line : args.notices) std::fprintf(stderr, "%s\n", line.c_str());
   BlockStopSignals();
   store::MasterServerOptions o;
   o.host = args.host;

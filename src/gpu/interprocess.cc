@@ -94,6 +94,13 @@ Result<int> StreamDevice(void* stream) {
   return device;
 }
 
+Result<bool> StreamCapturing(void* stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  FERRY_RETURN_IF_ERROR(Cuda(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status),
+                             "cudaStreamIsCapturing"));
+  return status != cudaStreamCaptureStatusNone;
+}
+
 Status CopyOnStreamAndWait(void* dst, const void* src, size_t length, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
   FERRY_RETURN_IF_ERROR(
@@ -119,6 +126,7 @@ Result<std::unique_ptr<IpcStream>> IpcStream::Create(int) { return NoCuda(); }
 IpcStream::~IpcStream() = default;
 Status IpcStream::WaitPeerEvent(const std::string&) { return NoCuda(); }
 Result<int> StreamDevice(void*) { return NoCuda(); }
+Result<bool> StreamCapturing(void*) { return NoCuda(); }
 Status CopyOnStreamAndWait(void*, const void*, size_t, void*) { return NoCuda(); }
 
 }  // namespace ferry::gpu

@@ -67,6 +67,9 @@ class IpcStream {
 
 // The device of `stream` (null: the calling thread's current device).
 Result<int> StreamDevice(void* stream);
+// Whether `stream` is being captured into a CUDA graph (DESIGN.md R5: work
+// that must really run then is refused, never silently captured).
+Result<bool> StreamCapturing(void* stream);
 
 // Copies between host and device memory on `stream`, after the work already
 // on it, and waits for the copy on the CPU. The fallback for GPU memory that

@@ -337,3 +337,8 @@ class TransferEngine:
                 return
             first, self._stream_errors = self._stream_errors[0], []
         raise first
+
+# The store (mooncake.store's names), so that one import serves both.
+from .mooncake_store import MooncakeDistributedStore  # noqa: E402,F401
+from .mooncake_store import MooncakeHostMemAllocator  # noqa: E402,F401
+from .mooncake_store import ReplicateConfig  # noqa: E402,F401

@@ -329,6 +329,16 @@ struct GpuPlan {
 // devices, or on another device than `stream`'s.
 Status PlanGpu(std::span<const Part* const> parts, void* stream, GpuPlan* plan) {
   if (gpu::DeviceCount() == 0) return Status::Ok();
+  // First, before any other CUDA call: a put or get must really run now, so a
+  // stream being captured into a graph is refused rather than captured.
+  if (stream != nullptr) {
+    FERRY_ASSIGN_OR_RETURN(bool capturing, gpu::StreamCapturing(stream));
+    if (capturing) {
+      return Status(StatusCode::kNotSupported,
+                    "the stream is being captured into a CUDA graph; the store moves data "
+                    "now, so call it outside the capture");
+    }
+  }
   for (const Part* part : parts) {
     if (part->size == 0) continue;  // nothing to move
     const gpu::MemoryInfo info = gpu::Classify(part->data);
@@ -544,6 +554,13 @@ std::vector<Result<size_t>> AttachedStore::Get(std::span<const std::string> keys
       all.push_back(&sinks[i].parts[k]);
     }
   }
+  if (options.expect_prefix.size() > attach::kMaxMessage) {
+    std::vector<Result<size_t>> out;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      out.push_back(Status(StatusCode::kInvalidArgument, "at most 4096 expected bytes"));
+    }
+    return out;
+  }
   GpuPlan plan;
   std::string event;
   // The node writes GPU memory after the consumer stream's earlier work (R2).
@@ -584,6 +601,7 @@ std::vector<Result<size_t>> AttachedStore::Get(std::span<const std::string> keys
     w.U64(0);
     w.U64(cap);
     WriteReadiness(w, plan, event);
+    w.Str(options.expect_prefix);
     w.U32(static_cast<uint32_t>(n));
     for (size_t i : batch) {
       w.Str(keys[i]);

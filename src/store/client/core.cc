@@ -335,8 +335,30 @@ std::vector<Status> StoreCore::Put(std::span<const std::string> keys,
   return out;
 }
 
+Status StoreCore::ReadPrefix(const StoreReplica& rep, size_t n, Deadline deadline,
+                             std::string* out) {
+  out->assign(n, '\0');
+  std::vector<Part> into = {Part{reinterpret_cast<uint8_t*>(out->data()), n}};
+  std::vector<Request> reqs;
+  Status st;
+  Pieces(rep, into, [&](uint8_t* p, const StoreExtent& e, uint64_t eo, uint64_t len) {
+    if (Local(e)) {
+      std::memcpy(p, reinterpret_cast<const void*>(e.addr + eo), len);
+    } else if (auto seg = Segment(e.segment); !seg.ok()) {
+      st = seg.status();
+    } else {
+      reqs.push_back({Op::kRead, p, seg.value(), e.addr + eo, len});
+    }
+  });
+  std::vector<Status> moved;
+  RunBatch(engine_, reqs, deadline, nullptr, &moved);
+  for (const Status& m : moved) st = st.ok() ? m : st;
+  return st;
+}
+
 std::vector<Result<size_t>> StoreCore::Get(std::span<const std::string> keys,
-                                           std::span<Sink> sinks, void* stream) {
+                                           std::span<Sink> sinks, void* stream,
+                                           std::string_view expect) {
   std::vector<Status> st;
   const auto [ask, index] = CheckKeys(keys, &st);
   std::vector<uint64_t> sizes(keys.size(), 0);
@@ -405,9 +427,23 @@ std::vector<Result<size_t>> StoreCore::Get(std::span<const std::string> keys,
     if (!st[index[j]].ok()) continue;
     if (deadline.Expired()) {
       st[index[j]] = Status(StatusCode::kTimeout, "the lease ended before the read began");
-    } else {
-      pending.push_back(j);
+      continue;
     }
+    if (!expect.empty()) {
+      // Checked on the replica read first, before a byte reaches the sink.
+      std::string prefix;
+      Status& s = st[index[j]];
+      if (found[j].location.size < expect.size()) {
+        s = Status(StatusCode::kInvalidArgument, "the value is shorter than the expected bytes");
+      } else if (s = ReadPrefix(found[j].location.replicas[order[j][0]], expect.size(), deadline,
+                                &prefix);
+                 s.ok() && prefix != expect) {
+        s = Status(StatusCode::kInvalidArgument,
+                   "the value does not begin with the expected bytes");
+      }
+      if (!s.ok()) continue;
+    }
+    pending.push_back(j);
   }
   for (size_t round = 0; !pending.empty(); ++round) {
     std::vector<Request> reqs;

@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <span>
+#include <string_view>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -82,8 +83,10 @@ class StoreCore {
   // Sizes of the values read into `sinks` (one per key).
   // GPU memory among the sinks is written after the work enqueued on
   // `stream` (R2), and has arrived when Get returns.
+  // With `expect`, a value that does not begin with those bytes fails
+  // (InvalidArgument) before any byte reaches its sink.
   std::vector<Result<size_t>> Get(std::span<const std::string> keys, std::span<Sink> sinks,
-                                  void* stream = nullptr);
+                                  void* stream = nullptr, std::string_view expect = {});
   std::vector<Status> Exists(std::span<const std::string> keys);
   std::vector<Status> Remove(std::span<const std::string> keys, bool force);
   std::vector<Status> Pin(std::span<const std::string> keys, StorePin pin,
@@ -103,6 +106,8 @@ class StoreCore {
  private:
   Result<SegmentId> Segment(const std::string& name);
   bool Local(const StoreExtent& e) const;
+  // The first `n` bytes of a replica, from this node's memory or read by the engine.
+  Status ReadPrefix(const StoreReplica& rep, size_t n, Deadline deadline, std::string* out);
   // Copies to and from `node_`'s memory: inline, or (large) as requests on
   // the engine's own segment appended to `reqs`, each owned by its item.
   void CopyLocal(std::span<const LocalCopy> copies, Op op, std::vector<Request>* reqs,

@@ -107,7 +107,7 @@ class EmbeddedStore final : public Store::Impl {
         sinks[i] = Sink{};  // a zero-capacity sink: the core does not write it
       }
     }
-    auto out = core_->Get(keys, sinks, options.stream);
+    auto out = core_->Get(keys, sinks, options.stream, options.expect_prefix);
     for (size_t i = 0; i < keys.size(); ++i) {
       if (bad[i]) out[i] = NotRegistered();
     }
@@ -301,6 +301,13 @@ std::vector<Status> Store::BatchPutFromMulti(std::span<const std::string> keys,
                                              std::span<const std::vector<StoreBuffer>> buffers,
                                              const PutOptions& o) {
   return impl_->Put(keys, Sources(buffers), o, true);
+}
+
+std::vector<Result<size_t>> Store::BatchGetIntoParts(
+    std::span<const std::string> keys, std::span<const std::vector<StoreBuffer>> parts,
+    const GetOptions& o) {
+  auto sinks = Sinks(keys.size(), parts);
+  return impl_->Get(keys, sinks, false, o);
 }
 
 std::vector<Result<size_t>> Store::BatchGetIntoMulti(

@@ -372,6 +372,7 @@ Status Session::Get(ByteReader& r, ByteWriter& w) {
   int device = -1;
   void* stream = nullptr;
   FERRY_RETURN_IF_ERROR(ReadReadiness(r, &device, &stream));
+  const std::string expect = r.Str(attach::kMaxMessage);
   uint32_t n = 0;
   FERRY_RETURN_IF_ERROR(CountOf(r, &n));
   Pack pack;
@@ -397,7 +398,7 @@ Status Session::Get(ByteReader& r, ByteWriter& w) {
     if (!bad[i].ok()) sinks[i] = Sink{};
   }
   if (!r.ok() || r.Left() != 0) return Status(StatusCode::kProtocolError, "malformed Get");
-  auto out = core_.Get(keys, sinks, stream);
+  auto out = core_.Get(keys, sinks, stream, expect);
   w.U32(n);
   for (uint32_t i = 0; i < n; ++i) {
     PutStatus(w, bad[i].ok() ? out[i].status() : bad[i]);

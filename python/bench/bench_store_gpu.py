@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""CUDA tensors in the store, on a GPU, against their physical references.
+
+- no_stall: put_tensor of a ready 4 KiB CUDA tensor while a 1 s kernel runs on
+  an unrelated non-blocking stream, attached and embedded (wall time of the call).
+- overhead: put_tensor p50/p95 at 4 KiB and 16 MiB, attached, with readiness
+  and with it skipped (FERRY_TEST_ATTACH_SKIP_READINESS=1, in a process of its own).
+- bandwidth: put_tensor and get_tensor_into of 64 MiB attached, against pinned
+  device-to-host and host-to-device copies of the same bytes in the same run.
+
+    python3 python/bench/bench_store_gpu.py [--ferry build/ferry] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def ready(proc: subprocess.Popen) -> dict:
+    for line in proc.stdout:
+        if line.startswith("{"):
+            return json.loads(line)
+    raise RuntimeError(f"{proc.args} did not start")
+
+
+def pct(values: list, q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def child(args) -> dict:
+    """Runs in its own process: the measurements that need torch."""
+    import torch
+
+    import ferry
+    store = (ferry.Store(master=args.master, local_memory=0) if args.embedded
+             else ferry.Store.attach(args.socket, staging=256 << 20))
+    out = {}
+    if args.what == "no_stall":
+        t = torch.ones(4096, dtype=torch.uint8, device="cuda")
+        torch.cuda.synchronize()
+        tag = "embedded" if args.embedded else "attached"
+        store.put_tensor(f"warm-{tag}", t)
+        other = torch.cuda.Stream()
+        with torch.cuda.stream(other):
+            torch.cuda._sleep(2_000_000_000)  # about 1 s
+        times = []
+        for i in range(5):
+            t0 = time.perf_counter()
+            store.put_tensor(f"nostall-{tag}-{i}", t)
+            times.append((time.perf_counter() - t0) * 1e3)
+        out["no_stall_ms"] = times
+        out["kernel_still_running"] = not other.query()
+        torch.cuda.synchronize()
+    elif args.what == "overhead":
+        for size in (4096, 16 << 20):
+            t = torch.ones(size, dtype=torch.uint8, device="cuda")
+            torch.cuda.synchronize()
+            ms = []
+            for i in range(200 if size == 4096 else 30):
+                t0 = time.perf_counter()
+                store.put_tensor(f"oh-{size}-{i}", t)
+                ms.append((time.perf_counter() - t0) * 1e3)
+                store.remove(f"oh-{size}-{i}", force=True)
+            out[str(size)] = {"p50_ms": pct(ms, 0.5), "p95_ms": pct(ms, 0.95)}
+    elif args.what == "bandwidth":
+        n = 64 << 20
+        t = torch.ones(n, dtype=torch.uint8, device="cuda")
+        back = torch.empty_like(t)
+        host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+        torch.cuda.synchronize()
+        put, get, d2h, h2d = [], [], [], []
+        for i in range(5):
+            t0 = time.perf_counter()
+            store.put_tensor(f"bw-{i}", t)
+            put.append(n / (time.perf_counter() - t0) / 1e9)
+            t0 = time.perf_counter()
+            store.get_tensor_into(f"bw-{i}", back)
+            torch.cuda.current_stream().synchronize()
+            get.append(n / (time.perf_counter() - t0) / 1e9)
+            store.remove(f"bw-{i}", force=True)
+            t0 = time.perf_counter()
+            host.copy_(t, non_blocking=True)
+            torch.cuda.current_stream().synchronize()
+            d2h.append(n / (time.perf_counter() - t0) / 1e9)
+            t0 = time.perf_counter()
+            t.copy_(host, non_blocking=True)
+            torch.cuda.current_stream().synchronize()
+            h2d.append(n / (time.perf_counter() - t0) / 1e9)
+        med = statistics.median
+        out = {"put_gbps": med(put), "get_gbps": med(get), "pinned_d2h_gbps": med(d2h),
+               "pinned_h2d_gbps": med(h2d), "put_vs_d2h": med(put) / med(d2h),
+               "get_vs_h2d": med(get) / med(h2d), "correct": bool(torch.equal(back, t))}
+    store.close()
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ferry", default=os.environ.get("FERRY_BIN", str(ROOT / "build/ferry")))
+    p.add_argument("--out")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--what", help=argparse.SUPPRESS)
+    p.add_argument("--socket", help=argparse.SUPPRESS)
+    p.add_argument("--master", help=argparse.SUPPRESS)
+    p.add_argument("--embedded", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        print(json.dumps(child(args)), flush=True)
+        return 0
+    sock = os.path.join(tempfile.gettempdir(), f"ferry-bench-gpu-{os.getpid()}.sock")
+    procs = []
+    result = {}
+    try:
+        m = subprocess.Popen([args.ferry, "master", "--http-port", "-1"], stdout=subprocess.PIPE,
+                             text=True)
+        procs.append(m)
+        master = ready(m)["address"]
+        n = subprocess.Popen([args.ferry, "node", "--master", master, "--segment-size", "2GiB",
+                              "--socket", sock], stdout=subprocess.PIPE, text=True)
+        procs.append(n)
+        ready(n)
+
+        def run(what: str, *extra: str, env=None) -> dict:
+            out = subprocess.run([sys.executable, __file__, "--child", "--what", what, "--socket",
+                                  sock, "--master", master, *extra], capture_output=True,
+                                 text=True, timeout=300, env={**os.environ, **(env or {})})
+            if out.returncode != 0:
+                return {"error": out.stderr[-2000:]}
+            return json.loads(out.stdout.strip().splitlines()[-1])
+
+        result["no_stall_attached"] = run("no_stall")
+        result["no_stall_embedded"] = run("no_stall", "--embedded")
+        result["overhead_ready"] = run("overhead")
+        result["overhead_skipped"] = run("overhead", env={"FERRY_TEST_ATTACH_SKIP_READINESS": "1"})
+        result["bandwidth_attached"] = run("bandwidth")
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    line = json.dumps(result)
+    print(line)
+    if args.out:
+        Path(args.out).write_text(line + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
