@@ -194,6 +194,9 @@ class Store {
   Status Remove(std::string_view key, bool force = false);
   // Pins or unpins (StorePin::kNone) a complete object.
   Status Pin(std::string_view key, StorePin pin, std::chrono::milliseconds ttl = {});
+  // Removes every object of the store that Remove would (all of them with
+  // `force`); returns how many.
+  Result<uint64_t> RemoveAll(bool force = false);
   // Capacity, use, nodes and objects, as the master counts them.
   Result<StoreStats> Stats();
   // Locations of a complete object, granting a read lease that runs its full

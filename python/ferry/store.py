@@ -182,6 +182,11 @@ class Store:
         """Busy while the value is read or written, unless `force`."""
         self._store.remove(_key(key), force)
 
+    def remove_all(self, force: bool = False) -> int:
+        """Removes every object of the store that remove() would (all of them
+        with `force`); returns how many."""
+        return self._store.remove_all(force)
+
     def pin(self, key: Key, kind: Optional[str] = "hard", ttl: Optional[float] = None) -> None:
         """kind "hard": never evicted; "soft": not evicted in the background for
         `ttl` seconds; None unpins."""

@@ -285,6 +285,12 @@ void RegisterStore(py::module_& m) {
             return Take(s.Call([&](ferry::Store& st) { return st.AllocateBuffer(nbytes); }));
           },
           py::arg("nbytes"))
+      .def(
+          "remove_all",
+          [](PyStore& s, bool force) {
+            return Take(s.Call([&](ferry::Store& st) { return st.RemoveAll(force); }));
+          },
+          py::arg("force") = false)
       .def("stats",
            [](PyStore& s) {
              const ferry::StoreStats st =

@@ -724,4 +724,4 @@ def test_tensor_calls(cluster):
     views = store.batch_get_tensor_into([keys[1], unique("none")], [addr(buf), addr(buf) + 2048],
                                         [2048, 2048])
     assert np.array_equal(views[0], a * 2) and views[1] is None
-    assert store.remove_all() == 5 and store.close() == 0
+    assert store.remove_all() >= 5 and store.is_exist(key) == 0 and store.close() == 0

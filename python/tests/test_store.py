@@ -742,3 +742,12 @@ def test_get_with_expected_prefix_attached(cluster):
     cluster.start_node("--socket", path)
     with ferry.Store.attach(path) as s:
         expect_prefix_checks(s)
+
+
+def test_remove_all(store):
+    for i in range(5):
+        store.put(f"ra/{i}", b"x" * 10)
+    store.get("ra/0")  # its lease ends right after the read
+    assert store.remove_all() == 5
+    assert store.stats()["objects"] == 0
+    assert store.remove_all(force=True) == 0

@@ -494,7 +494,6 @@ class MooncakeDistributedStore:
         self._lock = threading.Lock()
         self._local = threading.local()
         # Keys put through this client, for remove_all (ferry.Store cannot list keys).
-        self._put_keys: set[Union[str, bytes]] = set()
         # allocate_buffer areas (MooncakeHostMemAllocator(store), alloc_from_mem_pool):
         # address -> (size, view keeping the mapping alive).
         self._areas: dict[int, tuple[int, memoryview]] = {}
@@ -558,10 +557,9 @@ class MooncakeDistributedStore:
             return self._fail(what, e, key)
 
     def _codes(self, what: str, keys: Sequence, results: Sequence[Any],
-               ok: Callable[[Any], int], *, put: bool = False,
-               track: bool = False) -> list[int]:
+               ok: Callable[[Any], int], *, put: bool = False) -> list[int]:
         """Per-key results (a value, None or an exception) as Mooncake ints, the
-        failures reported once. `track`: the keys stored are remembered first."""
+        failures reported once."""
         out: list[int] = []
         failures: list[tuple[Any, BaseException, int]] = []
         for k, r in zip(keys, results):
@@ -574,8 +572,6 @@ class MooncakeDistributedStore:
                 failures.append((k, r, code))
             else:
                 out.append(ok(r))
-        if track:
-            self._track([k for k, c in zip(keys, out) if c == OK])
         self._report(what, failures, len(keys))
         return out
 
@@ -589,15 +585,7 @@ class MooncakeDistributedStore:
             code = e.code if isinstance(e, _Refused) else mooncake_code(e)
             self._report(what, [(None, e, code)])
             return [code] * len(keys)
-        return self._codes(what, keys, results, ok, put=put, track=put)
-
-    def _track(self, keys: Sequence) -> None:
-        with self._lock:
-            self._put_keys.update(keys)
-
-    def _untrack(self, keys: Sequence) -> None:
-        with self._lock:
-            self._put_keys.difference_update(keys)
+        return self._codes(what, keys, results, ok, put=put)
 
     # Set-up.
 
@@ -893,7 +881,6 @@ class MooncakeDistributedStore:
             pass  # Mooncake's put is write-once: the old value (or the other writer's) wins
         except (FerryError, _Refused) as e:
             return self._fail(what, e, key)
-        self._track([key])
         return OK
 
     def put_batch(self, keys: Any, values: Any, config: Any = None) -> int:
@@ -1065,40 +1052,23 @@ class MooncakeDistributedStore:
         """-706 while the value is read or written, unless force; -704 if unknown."""
         key = _key("remove", key)
         force = _flag("remove", "force", force)
-        rc = self._status("remove", lambda: self._ready().remove(key, force), key)
-        if rc in (OK, OBJECT_NOT_FOUND):
-            self._untrack([key])
-        return rc
+        return self._status("remove", lambda: self._ready().remove(key, force), key)
 
     def batch_remove(self, keys: Any, force: Any = False) -> list[int]:
         ks = _keys("batch_remove", keys)
         force = _flag("batch_remove", "force", force)
-        codes = self._batch("batch_remove", ks, lambda s: s.batch_remove(ks, force),
-                            lambda _: OK)
-        self._untrack([k for k, c in zip(ks, codes) if c in (OK, OBJECT_NOT_FOUND)])
-        return codes
+        return self._batch("batch_remove", ks, lambda s: s.batch_remove(ks, force),
+                           lambda _: OK)
 
     def remove_all(self, force: Any = False) -> int:
-        """The number of objects removed, or a negative code.
-
-        LIMITATION, to remove once ferry.Store can remove every key: Ferry cannot
-        list keys yet, so this removes the keys put through this client (Mooncake
-        removes every object in the store). Leased ones stay unless force."""
+        """The number of objects removed from the whole store, or a negative code.
+        Objects being read (leased) or written stay unless force."""
         force = _flag("remove_all", "force", force)
-        with self._lock:
-            keys = list(self._put_keys)
         self._begin()
         try:
-            store = self._ready()
-            results = store.batch_remove(keys, force) if keys else []
+            return self._ready().remove_all(force)
         except (FerryError, _Refused) as e:
             return self._fail("remove_all", e)
-        gone = [k for k, r in zip(keys, results) if r is None or isinstance(r, NotFound)]
-        self._untrack(gone)
-        failed = [(k, r, mooncake_code(r)) for k, r in zip(keys, results)
-                  if isinstance(r, FerryError) and not isinstance(r, NotFound)]
-        self._report("remove_all", failed, len(keys))
-        return sum(1 for r in results if r is None)
 
     # Tensors (torch): Mooncake's 304-byte header then the bytes (docs/tensor-format.md).
 
@@ -1159,10 +1129,7 @@ class MooncakeDistributedStore:
                 if not all(store.batch_exists(keys)):
                     raise
 
-        rc = self._status("put_tensor_with_tp", run, key)
-        if rc == OK:
-            self._track(keys)
-        return rc
+        return self._status("put_tensor_with_tp", run, key)
 
     def get_tensor_with_tp(self, key: Any, tp_rank: Any = 0, tp_size: Any = 1,
                            split_dim: Any = 0) -> Any:

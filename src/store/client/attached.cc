@@ -154,6 +154,17 @@ class AttachedStore final : public Store::Impl {
   }
   std::vector<Result<ObjectLocation>> Locate(std::span<const std::string> keys) override;
 
+  Result<uint64_t> RemoveAll(bool force) override {
+    std::lock_guard lock(mu_);
+    std::vector<uint8_t> p;
+    ByteWriter(&p).U8(force ? 1 : 0);
+    FERRY_ASSIGN_OR_RETURN(Frame f, Call(Type::kRemoveAll, p));
+    ByteReader r(f.payload.data(), f.payload.size());
+    const uint64_t removed = r.U64();
+    if (!r.ok()) return Drop(Status(StatusCode::kProtocolError, "malformed RemoveAll reply"));
+    return removed;
+  }
+
   Result<StoreStats> Stats() override {
     std::lock_guard lock(mu_);
     FERRY_ASSIGN_OR_RETURN(Frame f, Call(Type::kStats, {}));

@@ -93,6 +93,10 @@ class StoreCore {
                           std::chrono::milliseconds ttl);
   std::vector<Result<ObjectLocation>> Locate(std::span<const std::string> keys);
   Result<StoreStats> Stats() { return client_.Stats(); }
+  Result<uint64_t> RemoveAll(bool force) {
+    FlushReleases();  // this core's finished reads no longer hold their keys
+    return client_.RemoveAll(force);
+  }
 
   // Memory the engine may move straight to and from (RegisterMemory), and
   // that Registered then accepts. GPU memory is copied by the engine only.

@@ -128,6 +128,7 @@ class EmbeddedStore final : public Store::Impl {
     return core_->Locate(keys);
   }
   Result<StoreStats> Stats() override { return core_->Stats(); }
+  Result<uint64_t> RemoveAll(bool force) override { return core_->RemoveAll(force); }
 
  private:
   std::unique_ptr<store::MasterServer> master_server_;  // in-process master, if any
@@ -192,6 +193,7 @@ Result<std::shared_ptr<StoreMemory>> Store::AllocateBuffer(size_t size) {
   return impl_->AllocateBuffer(size);
 }
 Result<StoreStats> Store::Stats() { return impl_->Stats(); }
+Result<uint64_t> Store::RemoveAll(bool force) { return impl_->RemoveAll(force); }
 
 Status Store::Put(std::string_view key, std::span<const uint8_t> value, const PutOptions& o) {
   std::string k(key);

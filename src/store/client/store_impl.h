@@ -38,6 +38,7 @@ class Store::Impl {
                                   std::chrono::milliseconds ttl) = 0;
   virtual std::vector<Result<ObjectLocation>> Locate(std::span<const std::string> keys) = 0;
   virtual Result<StoreStats> Stats() = 0;
+  virtual Result<uint64_t> RemoveAll(bool force) = 0;
 
   // Attached only: its Impl, built by Store::Attach.
   static Result<std::unique_ptr<Impl>> Attach(const std::string& path, const StoreOptions& options);

@@ -248,8 +248,12 @@ Status Master::Remove(const std::string& key, bool force) {
   std::lock_guard lock(shard.mu);
   auto it = shard.objects.find(key);
   if (it == shard.objects.end()) return Status(StatusCode::kNotFound, "no such key");
+  return RemoveLocked(shard, it, force, Clock::now());
+}
+
+Status Master::RemoveLocked(Shard& shard, std::unordered_map<std::string, Object>::iterator it,
+                            bool force, Clock::time_point now) {
   Object& o = it->second;
-  const auto now = Clock::now();
   if (!force && !o.complete) return Status(StatusCode::kBusy, "the key is being written");
   const auto lease_end = o.LeaseEnd(now);
   if (!force && lease_end > now) return Status(StatusCode::kBusy, "the key is leased");
@@ -259,6 +263,21 @@ Status Master::Remove(const std::string& key, bool force) {
   --objects_;
   FERRY_COUNT(removes, 1);
   return Status::Ok();
+}
+
+uint64_t Master::RemoveAll(bool force) {
+  uint64_t removed = 0;
+  const auto now = Clock::now();
+  for (auto& shard : shards_) {
+    std::lock_guard lock(shard->mu);
+    for (auto it = shard->objects.begin(); it != shard->objects.end();) {
+      auto next = std::next(it);
+      // Without force, objects being written or leased stay, as with Remove.
+      if (RemoveLocked(*shard, it, force, now).ok()) ++removed;
+      it = next;
+    }
+  }
+  return removed;
 }
 
 Status Master::SetPin(const std::string& key, StorePin pin, Millis ttl) {

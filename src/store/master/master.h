@@ -106,6 +106,8 @@ class Master {
   Status Exists(const std::string& key);
   // Busy while leased or being written, unless forced.
   Status Remove(const std::string& key, bool force);
+  // Removes every object Remove would; returns how many.
+  uint64_t RemoveAll(bool force);
   // Sets the pin of a complete object; StorePin::kNone unpins.
   Status SetPin(const std::string& key, StorePin pin, Millis ttl);
 
@@ -141,6 +143,9 @@ class Master {
   };
 
   Shard& ShardOf(const std::string& key);
+  // Remove, with the shard locked and the object found.
+  Status RemoveLocked(Shard& shard, std::unordered_map<std::string, Object>::iterator it,
+                      bool force, Clock::time_point now);
   // Frees an object's space now or, if it may still be touched, at `until`.
   void FreeLater(std::vector<Allocation> replicas, Clock::time_point until);
   // Evicts complete, unleased, unpinned objects, least recently used first,

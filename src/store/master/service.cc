@@ -196,6 +196,14 @@ class Service final : public pb::Master::Service {
     });
   }
 
+  grpc::Status RemoveAll(grpc::ServerContext*, const pb::RemoveAllRequest* req,
+                         pb::RemoveAllResponse* resp) override {
+    return Guard("RemoveAll", [&] {
+      resp->set_removed(m_.RemoveAll(req->force()));
+      return grpc::Status::OK;
+    });
+  }
+
   grpc::Status Stats(grpc::ServerContext*, const pb::StatsRequest*,
                      pb::StatsResponse* resp) override {
     return Guard("Stats", [&] {

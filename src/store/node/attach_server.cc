@@ -311,6 +311,13 @@ Status Session::Handle(const Frame& f, std::vector<uint8_t>* reply) {
       w.U64(s.objects);
       break;
     }
+    case Type::kRemoveAll: {
+      const uint8_t force = r.U8();
+      if (!r.ok()) break;
+      FERRY_ASSIGN_OR_RETURN(uint64_t removed, core_.RemoveAll(force != 0));
+      w.U64(removed);
+      break;
+    }
     case Type::kHello:
       return Status(StatusCode::kProtocolError, "a second Hello");
   }

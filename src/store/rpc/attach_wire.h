@@ -47,8 +47,9 @@ enum class Type : uint16_t {
   kPin = 8,
   kLocate = 9,
   kStats = 10,
+  kRemoveAll = 11,
 };
-inline constexpr uint16_t kLastType = 10;
+inline constexpr uint16_t kLastType = 11;
 
 struct Frame {
   Type type = Type::kHello;

@@ -312,4 +312,13 @@ Result<StoreStats> MasterClient::Stats() {
   return StoreStats{resp.capacity(), resp.used(), resp.nodes(), resp.objects()};
 }
 
+Result<uint64_t> MasterClient::RemoveAll(bool force) {
+  pb::RemoveAllRequest req;
+  req.set_force(force);
+  pb::RemoveAllResponse resp;
+  auto ctx = Context(impl_->timeout);
+  FERRY_RETURN_IF_ERROR(FromGrpc(impl_->stub->RemoveAll(ctx.get(), req, &resp), "RemoveAll"));
+  return static_cast<uint64_t>(resp.removed());
+}
+
 }  // namespace ferry::store

@@ -70,6 +70,7 @@ class MasterClient {
   Result<std::vector<Status>> Remove(const std::vector<std::string>& keys, bool force);
   Result<std::vector<Status>> Pin(const std::vector<std::string>& keys, StorePin pin, Millis ttl);
   Result<StoreStats> Stats();
+  Result<uint64_t> RemoveAll(bool force);
 
   class Impl;
 
