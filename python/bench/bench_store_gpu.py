@@ -3,8 +3,9 @@
 
 - no_stall: put_tensor of a ready 4 KiB CUDA tensor while a 1 s kernel runs on
   an unrelated non-blocking stream, attached and embedded (wall time of the call).
-- overhead: put_tensor p50/p95 at 4 KiB and 16 MiB, attached, with readiness
-  and with it skipped (FERRY_TEST_ATTACH_SKIP_READINESS=1, in a process of its own).
+- overhead: put_tensor p50/p95 at 4 KiB and 16 MiB, attached, with each readiness
+  form ("sync", "event") and with it skipped (FERRY_TEST_ATTACH_SKIP_READINESS=1,
+  in a process of its own).
 - bandwidth: put_tensor and get_tensor_into of 64 MiB attached, against pinned
   device-to-host and host-to-device copies of the same bytes in the same run.
 
@@ -44,7 +45,7 @@ def child(args) -> dict:
 
     import ferry
     store = (ferry.Store(master=args.master, local_memory=0) if args.embedded
-             else ferry.Store.attach(args.socket, staging=256 << 20))
+             else ferry.Store.attach(args.socket, staging=256 << 20, readiness=args.readiness))
     out = {}
     if args.what == "no_stall":
         t = torch.ones(4096, dtype=torch.uint8, device="cuda")
@@ -114,6 +115,7 @@ def main() -> int:
     p.add_argument("--socket", help=argparse.SUPPRESS)
     p.add_argument("--master", help=argparse.SUPPRESS)
     p.add_argument("--embedded", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--readiness", default="sync", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         print(json.dumps(child(args)), flush=True)
@@ -141,7 +143,9 @@ def main() -> int:
 
         result["no_stall_attached"] = run("no_stall")
         result["no_stall_embedded"] = run("no_stall", "--embedded")
-        result["overhead_ready"] = run("overhead")
+        # Both readiness forms, and none (test-only), at 4 KiB and 16 MiB.
+        result["overhead_sync"] = run("overhead")
+        result["overhead_event"] = run("overhead", "--readiness", "event")
         result["overhead_skipped"] = run("overhead", env={"FERRY_TEST_ATTACH_SKIP_READINESS": "1"})
         result["bandwidth_attached"] = run("bandwidth")
     finally:

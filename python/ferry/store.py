@@ -105,15 +105,20 @@ class Store:
             node_ttl_ms=_millis(node_ttl, "node_ttl")))
 
     @classmethod
-    def attach(cls, path: str, *, timeout: float = 5.0, staging: int = 64 << 20) -> "Store":
+    def attach(cls, path: str, *, timeout: float = 5.0, staging: int = 64 << 20,
+               readiness: str = "sync") -> "Store":
         """Attaches to the `ferry node --socket PATH` of this host: no engine and
         no port here. `timeout` bounds each call; `staging` is the area shared
-        with the node for memory outside allocate_buffer."""
+        with the node for memory outside allocate_buffer. `readiness`, for CUDA
+        memory: "sync" (this thread waits for the stream's earlier work, then
+        sends; faster) or "event" (the node's stream waits for it on the GPU)."""
         if staging <= 0:
             raise InvalidArgument(f"staging must be positive, got {staging}")
+        if readiness not in ("sync", "event"):
+            raise InvalidArgument(f'readiness is "sync" or "event", not {readiness!r}')
         self = cls.__new__(cls)
         self._init(_binding().attach(str(path), rpc_timeout_ms=_millis(timeout, "timeout"),
-                                     staging_bytes=staging))
+                                     staging_bytes=staging, readiness=int(readiness == "event")))
         return self
 
     def _init(self, store: Any) -> None:

@@ -168,8 +168,10 @@ std::unique_ptr<PyStore> CreateStore(const std::string& master, uint64_t local_m
 }
 
 std::unique_ptr<PyStore> AttachStore(const std::string& path, int64_t rpc_timeout_ms,
-                                     uint64_t staging_bytes) {
+                                     uint64_t staging_bytes, int readiness) {
+  if (readiness != 0 && readiness != 1) RaiseInvalid("readiness is 0 (sync) or 1 (event)");
   ferry::StoreOptions o;
+  o.attach_readiness = static_cast<ferry::AttachReadiness>(readiness);
   if (rpc_timeout_ms > 0) o.rpc_timeout = Millis(rpc_timeout_ms);
   if (staging_bytes > 0) o.attach_staging = staging_bytes;
   return std::make_unique<PyStore>(
@@ -203,7 +205,7 @@ void RegisterStore(py::module_& m) {
                   py::arg("lease_ms") = 0, py::arg("put_timeout_ms") = 0,
                   py::arg("node_ttl_ms") = 0)
       .def_static("attach", &AttachStore, py::arg("path"), py::arg("rpc_timeout_ms") = 0,
-                  py::arg("staging_bytes") = 0)
+                  py::arg("staging_bytes") = 0, py::arg("readiness") = 0)
       .def("close", &PyStore::Close)
       .def_property_readonly("segment", [](const PyStore& s) { return s.Get().segment(); })
       .def_property_readonly("master_address",

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+import os
 import sys
 
 import numpy as np
@@ -59,8 +60,9 @@ def object_sha(t_cpu) -> str:
 def main() -> int:
     target, mode, kind, trials, tag = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), \
         sys.argv[5]
+    readiness = os.environ.get("FERRY_WRITER_READINESS", "sync")
     store = (ferry.Store(master=target[len("master="):], local_memory=0)
-             if target.startswith("master=") else ferry.Store.attach(target))
+             if target.startswith("master=") else ferry.Store.attach(target, readiness=readiness))
     current = stream_of(kind)
     producer = torch.cuda.Stream()
     n = 3 if mode in ("batch", "mixed") else 1

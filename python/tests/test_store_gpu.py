@@ -54,10 +54,12 @@ def correct(store: ferry.Store, expected: dict) -> int:
 
 
 @needs_attach
+@pytest.mark.parametrize("readiness", ["sync", "event"])
 @pytest.mark.parametrize("mode", ["single", "batch"])
-def test_attached_puts_follow_the_current_stream(node, mode):
+def test_attached_puts_follow_the_current_stream(node, mode, readiness):
     c, path = node
-    r = write(path, mode, "nonblocking", TRIALS, mode)
+    r = write(path, mode, "nonblocking", TRIALS, f"{mode}-{readiness}",
+              FERRY_WRITER_READINESS=readiness)
     assert r["pending"] == TRIALS, "the producer finished before the put: raise SLEEP_CYCLES"
     assert r["ready"] == TRIALS  # the current stream's work was done when the call returned
     with ferry.Store.attach(path) as reader:  # another process than the writer
@@ -73,20 +75,24 @@ def test_control_that_synchronizes_first_passes(node):
 
 
 @needs_attach
-def test_without_readiness_the_check_fails(node):
+@pytest.mark.parametrize("readiness", ["sync", "event"])
+def test_without_readiness_the_check_fails(node, readiness):
     """Shows the check above can fail: the node copies before the producer is done."""
     c, path = node
-    r = write(path, "single", "nonblocking", 20, "stale", FERRY_TEST_ATTACH_SKIP_READINESS="1")
+    r = write(path, "single", "nonblocking", 20, f"stale-{readiness}",
+              FERRY_TEST_ATTACH_SKIP_READINESS="1", FERRY_WRITER_READINESS=readiness)
     with ferry.Store.attach(path) as reader:
         assert correct(reader, r["expected"]) < len(r["expected"])
 
 
 @needs_attach
+@pytest.mark.parametrize("readiness", ["sync", "event"])
 @pytest.mark.parametrize("loading", ["LAZY", "EAGER"])
 @pytest.mark.parametrize("stream", ["legacy", "per_thread", "blocking", "nonblocking"])
-def test_stream_kinds(node, stream, loading):
+def test_stream_kinds(node, stream, loading, readiness):
     c, path = node
-    r = write(path, "single", stream, 20, f"{stream}-{loading}", CUDA_MODULE_LOADING=loading)
+    r = write(path, "single", stream, 20, f"{stream}-{loading}-{readiness}",
+              CUDA_MODULE_LOADING=loading, FERRY_WRITER_READINESS=readiness)
     if "skip" in r:
         pytest.skip(r["skip"])
     assert r["pending"] == 20 and r["ready"] == 20

@@ -407,10 +407,13 @@ Status AttachedStore::Ready(const GpuPlan& plan, void* stream, std::string* even
   if (ev == nullptr) {
     FERRY_ASSIGN_OR_RETURN(ev, gpu::IpcEvent::Create(plan.device));
   }
-  // Recorded without blocking: the node's stream waits for it on the GPU.
   FERRY_RETURN_IF_ERROR(ev->Record(stream));
-  if (plan.fallback) return ev->Synchronize();  // the copies below follow it anyway
-  if (!SkipReadiness()) *event = ev->handle();
+  if (SkipReadiness()) return Status::Ok();
+  // The staging fallback's copies follow the event on the stream anyway.
+  if (plan.fallback || opts_.attach_readiness == AttachReadiness::kSynchronize) {
+    return ev->Synchronize();
+  }
+  *event = ev->handle();  // the node's stream waits for it on the GPU
   return Status::Ok();
 }
 
