@@ -19,24 +19,9 @@
 #include <vector>
 
 #include "ferry/status.h"
+#include "ferry/types.h"
 
 namespace ferry {
-
-enum class Op : uint8_t { kRead = 0, kWrite = 1 };
-
-// The transport that moved a request. Tests and benchmarks check it.
-enum class TransportKind : uint8_t { kNone = 0, kLocal = 1, kShm = 2, kTcp = 3, kCudaIpc = 4 };
-std::string_view TransportName(TransportKind kind);
-
-using SegmentId = uint64_t;
-
-struct Request {
-  Op op = Op::kRead;
-  void* local = nullptr;  // host memory of this process; need not be registered
-  SegmentId segment = 0;  // from Engine::OpenSegment
-  uint64_t remote = 0;    // virtual address inside the target's registered memory
-  uint64_t length = 0;    // bytes, > 0
-};
 
 // How a submit orders itself against the caller's GPU work (DESIGN.md R1-R3).
 // Ignored for batches that touch no GPU memory.
@@ -57,8 +42,13 @@ struct EngineOptions {
   uint16_t port = 0;  // 0 picks a free port
   // "p2p": descriptors are fetched from each peer's listener. Nothing else yet.
   std::string metadata = "p2p";
-  // "" picks the best transport per peer; "tcp" or "shm" forces one for remote
-  // segments. Env FERRY_TRANSPORT applies when this is empty.
+  // Empty (or auto) picks the best transport per request. Otherwise the
+  // registered name of a transport that moves host memory between processes
+  // (tcp or shm), which then serves every host-memory request, to this
+  // engine's own segment too; one that moves GPU memory itself (tcp, with a
+  // GPU) serves GPU requests as well. A forced transport that reaches any
+  // host is also the only one this engine offers its peers. Env
+  // FERRY_TRANSPORT applies when this is empty.
   std::string transport;
   int tcp_lanes = 4;                     // connections per peer; env FERRY_TCP_LANES
   uint64_t tcp_chunk_bytes = 512 << 10;  // slice size over TCP; env FERRY_TCP_CHUNK_BYTES
@@ -76,51 +66,35 @@ struct EngineOptions {
   std::chrono::milliseconds connect_timeout{5000};   // connects and descriptor fetches
 };
 
-struct BufferInfo {
-  uint64_t addr = 0;
-  uint64_t length = 0;
-  bool memfd = false;  // engine-allocated: same-host peers map it and memcpy
-};
-
-struct SegmentInfo {
-  std::string name;
-  uint64_t epoch = 0;  // changes when the peer process restarts
-  bool same_host = false;
-  std::vector<BufferInfo> buffers;  // sorted by address
-};
-
-struct BatchStatus {
-  size_t total = 0;
-  size_t succeeded = 0;
-  size_t failed = 0;
-  Status first_error;  // OK unless failed > 0
-  bool done() const { return succeeded + failed == total; }
-};
-
-struct RequestResult {
-  bool done = false;
-  Status status;  // meaningful once done
-  TransportKind transport = TransportKind::kNone;
-};
-
 class BatchState;
 
-// A submitted batch. Destroying it cancels the requests that have not started
-// and returns only once no engine thread touches the batch's buffers; until
-// then the local buffers must stay valid. Nothing leaks if it is never polled.
+// A submitted batch. Nothing leaks if it is never polled.
 class Batch {
  public:
   explicit Batch(std::shared_ptr<BatchState> state);
+  // Cancels the requests that have not started, then blocks until no engine
+  // thread touches the batch's buffers, which must stay valid until then.
+  // Transports fail the tasks they hold at their deadline, so this returns
+  // at the latest 5 s after the last deadline of its requests (the submit's
+  // timeout, or request_timeout); should a transport still hold one then, it
+  // logs an error and returns anyway. Copies already enqueued on a caller's
+  // stream (SubmitOnStream) belong to that stream: synchronize it before
+  // reusing their buffers.
   ~Batch();
   Batch(const Batch&) = delete;
   Batch& operator=(const Batch&) = delete;
 
+  // The number of requests.
   size_t size() const;
-  // Never blocks.
+  // The counts so far. Never blocks.
   BatchStatus Poll() const;
   // Blocks until every request is done or `timeout` passes. Returns OK when all
   // succeeded, Timeout if still running (the batch goes on), else the first error.
   Status Wait(std::chrono::milliseconds timeout);
+  // Request `index`: done is false while it runs; once done, status is its
+  // outcome and transport the registered name of what moved it (kNoTransport
+  // when it failed before one was chosen). An index past the batch reads as
+  // done with OutOfRange. Never blocks.
   RequestResult Result(size_t index) const;
 
  private:
@@ -129,8 +103,10 @@ class Batch {
 
 class Engine {
  public:
-  // Starts the listener and the engine's threads. Fails with Unavailable if the
-  // address cannot be bound and NotSupported for an unknown metadata mode.
+  // Starts the listener and the engine's threads. Unavailable if the address
+  // cannot be bound; InvalidArgument for a malformed host, tcp options out of
+  // range or a transport that cannot be forced (EngineOptions::transport);
+  // NotSupported for an unknown metadata mode.
   static Result<std::unique_ptr<Engine>> Create(EngineOptions options);
   ~Engine();
   Engine(const Engine&) = delete;
@@ -145,20 +121,35 @@ class Engine {
   // owned by the caller and must outlive the registration. Host or GPU memory
   // is told apart here, once.
   Status RegisterMemory(void* addr, size_t length);
-  // NotFound unless `addr` starts a registration made by RegisterMemory.
+  // Withdraws a registration: requests checked after the call fail with
+  // OutOfRange; those already under way may still touch the memory. NotFound
+  // unless `addr` starts a registration, InvalidArgument for memory from
+  // AllocateMemory (FreeMemory frees it).
   Status UnregisterMemory(void* addr);
   // Allocates and registers memfd-backed memory, which same-host peers map once
   // and copy with memcpy; page-locked for GPU copies where a GPU exists. Owned
-  // by the engine until FreeMemory or destruction.
+  // by the engine until FreeMemory or destruction. InvalidArgument for zero
+  // bytes, IoError when the memory cannot be had.
   Result<void*> AllocateMemory(size_t length);
+  // Withdraws and unmaps memory from AllocateMemory, at once: the caller makes
+  // sure no request to it, its own or a peer's, is under way. NotFound unless
+  // `addr` starts such an allocation, InvalidArgument for memory registered
+  // with RegisterMemory (UnregisterMemory withdraws it).
   Status FreeMemory(void* addr);
 
   // Resolves "host:port", fetching and caching the peer's descriptor; blocks up
   // to connect_timeout. InvalidArgument for a malformed name, Unavailable when
-  // nobody answers. The engine's own name gives a local segment.
+  // nobody listens, Timeout when the peer does not answer in time,
+  // ProtocolError for a malformed descriptor or one of another Ferry version.
+  // The engine's own name gives a local segment. Each call opens a new one.
   Result<SegmentId> OpenSegment(std::string_view name);
-  // The cached descriptor, refreshed first if the peer's epoch was seen to change.
+  // The cached descriptor, refreshed first if the peer's epoch was seen to
+  // change. NotFound for a segment not open.
   Result<SegmentInfo> GetSegmentInfo(SegmentId segment);
+  // Forgets the segment. Its requests that a transport still holds fail
+  // promptly with Cancelled (a copy under way completes); its batches stay
+  // valid; later submits naming it fail with NotFound. NotFound for a
+  // segment not open.
   Status CloseSegment(SegmentId segment);
 
   // Validates and posts the requests; never waits for data. InvalidArgument
@@ -171,10 +162,12 @@ class Engine {
   Result<std::unique_ptr<Batch>> Submit(std::span<const Request> requests,
                                         std::chrono::milliseconds timeout = {});
   // The same, with a submission stream for GPU memory. GPU memory moves within
-  // this engine's own segment (local), to same-host peers (cuda_ipc), and from
-  // this side over tcp through pinned staging; GPU memory at a tcp target fails
-  // with NotSupported for now. Never blocks on the GPU: readiness is an event
-  // recorded on `options.stream`, waited on by the engine's private streams.
+  // this engine's own segment (local), to and from same-host peers (cuda_ipc),
+  // and over tcp, where each end stages its own GPU memory through pinned
+  // buffers. A request whose GPU memory no transport can move fails through
+  // the Batch with NotSupported. Never blocks on the GPU: readiness is an
+  // event recorded on `options.stream`, waited on by the engine's private
+  // streams; the CUDA error when it cannot be recorded rejects the batch.
   Result<std::unique_ptr<Batch>> Submit(std::span<const Request> requests,
                                         const SubmitOptions& options);
   // Stream-ordered transfer (DESIGN.md R5): returns at once. The copies start
@@ -182,13 +175,19 @@ class Engine {
   // default stream) before the call, and work enqueued on it afterwards sees
   // the data; synchronizing the stream implies completion. Errors also reach
   // the returned Batch. Every copy is enqueued on `stream` itself, so it works
-  // with every kind of stream and under lazy module loading. For now it serves
-  // GPU memory on the same host (local and cuda_ipc paths); anything else, or
-  // a stream being captured into a graph, fails with NotSupported before
-  // anything is enqueued.
+  // with every kind of stream and under lazy module loading. A mapping moves
+  // GPU memory on this host by copies on the stream alone (local, cuda_ipc);
+  // otherwise the CPU moves the bytes (tcp, shm, or host memory on both
+  // sides) between a signal and a wait on the stream, with this side's GPU
+  // memory staged by copies on it and the target's staged by the target.
+  // Every request is checked before anything is enqueued, and any error
+  // rejects the whole call: those Submit reports for the batch or for one
+  // request, and NotSupported without a GPU, for a stream being captured
+  // into a graph, or for GPU memory at a peer that neither maps nor stages it.
   Result<std::unique_ptr<Batch>> SubmitOnStream(std::span<const Request> requests, void* stream);
 
-  // Submits one request and waits for it.
+  // Submits one request and waits for it: the submit's error, the request's
+  // outcome, or Timeout when it is not done 5 s past its deadline.
   Status Transfer(const Request& request, std::chrono::milliseconds timeout = {});
 
   class Impl;

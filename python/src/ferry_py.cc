@@ -214,7 +214,7 @@ PYBIND11_MODULE(_ferry, m) {
              if (i >= b.Get().size()) throw py::index_error("request index out of range");
              ferry::RequestResult r = b.Get().Result(i);
              return std::make_tuple(r.done, static_cast<int>(r.status.code()), r.status.ToString(),
-                                    std::string(ferry::TransportName(r.transport)));
+                                    std::string(r.transport));
            })
       .def("close", &PyBatch::Close);
 

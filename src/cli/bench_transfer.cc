@@ -236,7 +236,7 @@ int RunInitiator(const BenchArgs& a) {
         lat[static_cast<size_t>(t)].push_back(SecondsSince(s0) * 1e6);
         moved[static_cast<size_t>(t)] += per_thread;
         if (kind[static_cast<size_t>(t)].empty()) {
-          kind[static_cast<size_t>(t)] = TransportName(b.value()->Result(0).transport);
+          kind[static_cast<size_t>(t)] = b.value()->Result(0).transport;
         }
       }
     });

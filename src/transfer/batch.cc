@@ -1,10 +1,13 @@
 #include "transfer/batch.h"
 
+#include "common/log.h"
+#include "ferry/engine.h"
+
 namespace ferry {
 
 BatchState::BatchState(size_t requests) : requests_(requests) {}
 
-void BatchState::Plan(size_t index, uint32_t tasks, TransportKind transport) {
+void BatchState::Plan(size_t index, uint32_t tasks, std::string_view transport) {
   std::lock_guard lk(mu_);
   Req& r = requests_[index];
   r.tasks_left = tasks;
@@ -60,8 +63,7 @@ BatchStatus BatchState::Poll() const {
 RequestResult BatchState::Result(size_t index) const {
   std::lock_guard lk(mu_);
   if (index >= requests_.size()) {
-    return {true, Status(StatusCode::kOutOfRange, "request index past the batch"),
-            TransportKind::kNone};
+    return {true, Status(StatusCode::kOutOfRange, "request index past the batch"), kNoTransport};
   }
   const Req& r = requests_[index];
   return {r.done, r.status, r.transport};
@@ -86,6 +88,31 @@ void BatchState::NoteDeadline(Deadline d) {
 Deadline BatchState::latest_deadline() const {
   std::lock_guard lk(mu_);
   return latest_;
+}
+
+// ---- Batch, the user's handle ----
+
+Batch::Batch(std::shared_ptr<BatchState> state) : state_(std::move(state)) {}
+
+Batch::~Batch() {
+  state_->Cancel();
+  // Bounded: every held task has a deadline that its transport enforces.
+  Deadline limit(state_->latest_deadline().at() + std::chrono::seconds(5));
+  if (!state_->WaitQuiescent(limit)) {
+    FERRY_LOG_ERROR("batch freed while a transport still held its tasks past their deadline");
+  }
+}
+
+size_t Batch::size() const { return state_->size(); }
+BatchStatus Batch::Poll() const { return state_->Poll(); }
+RequestResult Batch::Result(size_t index) const { return state_->Result(index); }
+
+Status Batch::Wait(std::chrono::milliseconds timeout) {
+  if (!state_->WaitDone(Deadline::After(timeout))) {
+    return Status(StatusCode::kTimeout,
+                  "batch not done within " + std::to_string(timeout.count()) + " ms");
+  }
+  return state_->Poll().first_error;
 }
 
 }  // namespace ferry

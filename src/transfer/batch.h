@@ -8,10 +8,11 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string_view>
 #include <vector>
 
 #include "common/clock.h"
-#include "ferry/engine.h"
+#include "ferry/types.h"
 #include "gpu/copier.h"
 
 namespace ferry {
@@ -21,7 +22,7 @@ class BatchState {
   explicit BatchState(size_t requests);
 
   // Before any task of request `index` is posted: how many there will be.
-  void Plan(size_t index, uint32_t tasks, TransportKind transport);
+  void Plan(size_t index, uint32_t tasks, std::string_view transport);
   // Fails a request that will get no task.
   void FailRequest(size_t index, Status status);
   // One call per planned task. The first error of a request wins.
@@ -46,7 +47,7 @@ class BatchState {
     uint32_t tasks_left = 0;
     bool done = false;
     Status status;
-    TransportKind transport = TransportKind::kNone;
+    std::string_view transport = kNoTransport;
   };
   void FinishLocked(Req& r);
 

@@ -8,10 +8,12 @@
 namespace ferry {
 
 namespace {
-constexpr uint32_t kDescriptorMagic = 0x33534446;  // "FDS3"
+// "FDS" and the format digit, little-endian: "FDS4".
+constexpr uint32_t kMagicPrefix = 0x00534446;
+constexpr uint32_t kDescriptorMagic = kMagicPrefix | (uint32_t{'0' + kDescriptorFormat} << 24);
 constexpr size_t kMaxString = 256;
-constexpr size_t kMaxIpcHandle = 64;
-constexpr uint64_t kMinRegionBytes = 8 + 8 + 4 + 1 + 4 + 4 + 8 + 8;
+constexpr uint64_t kMinRegionBytes = 8 + 8 + 1 + 1 + 4 + 8;
+constexpr uint8_t kAllocated = 1;  // region flags
 }  // namespace
 
 const RegionDesc* SegmentDescriptor::Find(uint64_t addr, uint64_t length) const {
@@ -23,8 +25,21 @@ const RegionDesc* SegmentDescriptor::Find(uint64_t addr, uint64_t length) const 
   return addr + length <= it->addr + it->length ? &*it : nullptr;
 }
 
-bool SegmentDescriptor::Offers(const std::string& transport) const {
+bool SegmentDescriptor::Offers(std::string_view transport) const {
   return std::find(transports.begin(), transports.end(), transport) != transports.end();
+}
+
+std::string_view SegmentDescriptor::BlobOf(const RegionDesc& region,
+                                           std::string_view transport) const {
+  auto it = std::find(transports.begin(), transports.end(), transport);
+  const size_t i = static_cast<size_t>(it - transports.begin());
+  return i < region.blobs.size() ? std::string_view(region.blobs[i]) : std::string_view();
+}
+
+std::string_view SegmentDescriptor::SegmentBlobOf(std::string_view transport) const {
+  auto it = std::find(transports.begin(), transports.end(), transport);
+  const size_t i = static_cast<size_t>(it - transports.begin());
+  return i < transport_blobs.size() ? std::string_view(transport_blobs[i]) : std::string_view();
 }
 
 std::vector<uint8_t> EncodeDescriptor(const SegmentDescriptor& d) {
@@ -37,28 +52,42 @@ std::vector<uint8_t> EncodeDescriptor(const SegmentDescriptor& d) {
   w.U64(d.generation);
   w.I32(d.control_memfd);
   w.U32(static_cast<uint32_t>(d.transports.size()));
-  for (const auto& t : d.transports) w.Str(t);
+  for (size_t i = 0; i < d.transports.size(); ++i) {
+    w.Str(d.transports[i]);
+    w.Str(i < d.transport_blobs.size() ? std::string_view(d.transport_blobs[i])
+                                       : std::string_view());
+  }
   w.U32(static_cast<uint32_t>(d.regions.size()));
   for (const auto& r : d.regions) {
     w.U64(r.addr);
     w.U64(r.length);
-    w.I32(r.memfd);
     w.U8(r.kind);
+    w.U8(r.allocated ? kAllocated : 0);
     w.I32(r.device);
-    w.Str(r.ipc);
-    w.U64(r.ipc_offset);
     w.U64(r.serial);
+    for (size_t i = 0; i < d.transports.size(); ++i) {
+      w.Str(i < r.blobs.size() ? std::string_view(r.blobs[i]) : std::string_view());
+    }
   }
   return out;
 }
 
 Result<SegmentDescriptor> DecodeDescriptor(const uint8_t* data, size_t size) {
-  auto bad = [](const char* why) {
-    return Status(StatusCode::kProtocolError, std::string("bad segment descriptor: ") + why);
+  auto bad = [](const std::string& why) {
+    return Status(StatusCode::kProtocolError, "bad segment descriptor: " + why);
   };
   if (size > kMaxDescriptorBytes) return bad("too large");
   ByteReader r(data, size);
-  if (r.U32() != kDescriptorMagic) return bad("wrong magic");
+  const uint32_t magic = r.U32();
+  if (magic != kDescriptorMagic) {
+    const char format = static_cast<char>(magic >> 24);
+    if ((magic & 0x00ffffff) == kMagicPrefix && format >= '0' && format <= '9') {
+      return bad(std::string("format ") + format +
+                 " from another version of Ferry; this one reads " +
+                 std::to_string(kDescriptorFormat));
+    }
+    return bad("wrong magic");
+  }
   SegmentDescriptor d;
   d.epoch = r.U64();
   d.host_id = r.Str(kMaxString);
@@ -66,21 +95,27 @@ Result<SegmentDescriptor> DecodeDescriptor(const uint8_t* data, size_t size) {
   d.generation = r.U64();
   d.control_memfd = r.I32();
   uint32_t nt = r.U32();
-  if (!r.ok() || nt > 16) return bad("transport list");
-  for (uint32_t i = 0; i < nt; ++i) d.transports.push_back(r.Str(kMaxString));
+  if (!r.ok() || nt > kMaxDescriptorTransports) return bad("transport list");
+  for (uint32_t i = 0; i < nt; ++i) {
+    d.transports.push_back(r.Str(kMaxString));
+    d.transport_blobs.push_back(r.Str(kMaxSegmentBlob));
+  }
   uint32_t nr = r.U32();
-  if (!r.ok() || nr > kMaxDescriptorRegions || nr * kMinRegionBytes > r.Left())
+  if (!r.ok() || nr > kMaxDescriptorRegions || nr * (kMinRegionBytes + 4 * nt) > r.Left())
     return bad("region count");
   d.regions.resize(nr);
   for (auto& reg : d.regions) {
     reg.addr = r.U64();
     reg.length = r.U64();
-    reg.memfd = r.I32();
     reg.kind = r.U8();
+    const uint8_t flags = r.U8();
+    reg.allocated = (flags & kAllocated) != 0;
     reg.device = r.I32();
-    reg.ipc = r.Str(kMaxIpcHandle);
-    reg.ipc_offset = r.U64();
     reg.serial = r.U64();
+    if (flags & ~kAllocated) return bad("unknown region flags");
+    reg.blobs.resize(nt);
+    for (auto& b : reg.blobs) b = r.Str(kMaxRegionBlob);
+    if (!r.ok()) return bad("truncated");
   }
   if (!r.ok()) return bad("truncated");
   if (r.Left() != 0) return bad("trailing bytes");

@@ -22,9 +22,10 @@ struct Region {
   bool pinned = false;  // page-locked by the engine for GPU copies
   gpu::MemoryKind kind = gpu::MemoryKind::kHostPageable;  // classified at registration
   int device = -1;
-  std::string ipc;          // device memory: the allocation's CUDA IPC handle
-  uint64_t ipc_offset = 0;  // addr minus the allocation's base
-  uint64_t serial = 0;      // the engine's registration count when added; see RegionDesc
+  uint64_t serial = 0;  // the engine's registration count when added; see RegionDesc
+  // One per transport the engine offers, in its descriptor's order: what
+  // each wrote for this region (Transport::DescribeMemory).
+  std::vector<std::string> blobs;
 };
 
 class MemoryRegistry {

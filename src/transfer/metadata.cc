@@ -3,7 +3,7 @@
 #include <asio.hpp>
 #include <charconv>
 
-#include "transfer/wire.h"
+#include "transfer/tcp/wire.h"
 
 namespace ferry {
 

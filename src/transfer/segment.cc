@@ -4,6 +4,7 @@
 
 #include "common/log.h"
 #include "transfer/peer_memfd.h"
+#include "transfer/transport.h"
 
 namespace ferry {
 
@@ -40,6 +41,36 @@ bool Segment::Outdated() const {
     return false;
   }
   return __atomic_load_n(generation_, __ATOMIC_ACQUIRE) != desc_->generation;
+}
+
+Result<std::shared_ptr<Endpoint>> Segment::EndpointFor(const Transport* transport,
+                                                       const Connector& connect) {
+  std::lock_guard lk(endpoints_mu_);
+  auto it = endpoints_.find(transport);
+  if (it != endpoints_.end()) return it->second;
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Endpoint> ep, connect());
+  endpoints_[transport] = ep;
+  return ep;
+}
+
+std::vector<std::pair<const Transport*, std::shared_ptr<Endpoint>>> Segment::Endpoints() const {
+  std::lock_guard lk(endpoints_mu_);
+  return {endpoints_.begin(), endpoints_.end()};
+}
+
+void Segment::DropEndpoint(const Transport* transport, const std::shared_ptr<Endpoint>& endpoint) {
+  std::lock_guard lk(endpoints_mu_);
+  auto it = endpoints_.find(transport);
+  if (it != endpoints_.end() && it->second == endpoint) endpoints_.erase(it);
+}
+
+void Segment::CloseEndpoints() {
+  std::map<const Transport*, std::shared_ptr<Endpoint>> taken;
+  {
+    std::lock_guard lk(endpoints_mu_);
+    taken.swap(endpoints_);
+  }
+  for (auto& [t, ep] : taken) ep->Close();
 }
 
 }  // namespace ferry

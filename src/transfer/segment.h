@@ -4,12 +4,15 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
-#include "ferry/engine.h"
+#include "ferry/types.h"
 #include "transfer/descriptor.h"
 
 namespace ferry {
@@ -21,6 +24,9 @@ class Segment {
  public:
   Segment(SegmentId id, std::string name, std::string host, uint16_t port, bool is_self)
       : id_(id), name_(std::move(name)), host_(std::move(host)), port_(port), is_self_(is_self) {}
+  ~Segment();
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
 
   SegmentId id() const { return id_; }
   const std::string& name() const { return name_; }
@@ -54,14 +60,24 @@ class Segment {
     std::lock_guard lk(mu_);
     return generation_ != nullptr;
   }
-  ~Segment();
 
-  // Held by the engine while it refetches the descriptor.
-  std::mutex refresh_mu;
+  // Held while the descriptor is refetched: one refresh at a time.
+  std::unique_lock<std::mutex> LockRefresh() { return std::unique_lock(refresh_mu_); }
 
-  // The engine's endpoint cache, one per transport.
-  std::mutex endpoints_mu;
-  std::map<const Transport*, std::shared_ptr<Endpoint>> endpoints;  // guarded by endpoints_mu
+  // The endpoint cache, one per transport.
+  using Connector = std::function<Result<std::shared_ptr<Endpoint>>()>;
+  // `transport`'s endpoint to this segment, made by `connect` when there is
+  // none yet (its error is returned, and nothing cached). `connect` runs
+  // under the cache's lock, so it must not block.
+  Result<std::shared_ptr<Endpoint>> EndpointFor(const Transport* transport,
+                                                const Connector& connect);
+  // The cached endpoints, as they are now.
+  std::vector<std::pair<const Transport*, std::shared_ptr<Endpoint>>> Endpoints() const;
+  // Forgets `transport`'s endpoint if it is still `endpoint`.
+  void DropEndpoint(const Transport* transport, const std::shared_ptr<Endpoint>& endpoint);
+  // Takes every endpoint out of the cache, then closes each: their held
+  // tasks fail promptly; work in flight keeps them until done.
+  void CloseEndpoints();
 
  private:
   const SegmentId id_;
@@ -75,6 +91,9 @@ class Segment {
   // The owner's generation counter, mapped; its epoch. Guarded by mu_.
   const uint64_t* generation_ = nullptr;
   uint64_t generation_epoch_ = 0;
+  std::mutex refresh_mu_;
+  mutable std::mutex endpoints_mu_;
+  std::map<const Transport*, std::shared_ptr<Endpoint>> endpoints_;  // guarded by endpoints_mu_
 };
 
 }  // namespace ferry

@@ -1,14 +1,17 @@
 // The one interface every transport implements, in lifecycle order:
-// capabilities, reachability, connect, post. Progress and completion happen on
-// the transport's own threads, through Task::Done. A transport registers itself
-// in its own .cc with FERRY_REGISTER_TRANSPORT, so adding one touches no core file.
+// capabilities, offering, reachability, registration, connect, post.
+// Progress and completion happen on the transport's own threads, through
+// Task::Done. A transport lives in its own folder and registers itself there
+// with FERRY_REGISTER_TRANSPORT, so adding one touches no core file: the
+// engine knows transports only by their registered name and their caps.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "ferry/engine.h"
+#include "ferry/status.h"
 #include "transfer/batch.h"
 #include "transfer/descriptor.h"
 
@@ -20,8 +23,12 @@ namespace ferry {
 
 namespace gpu {
 class Copier;
-}
+struct MemoryInfo;
+}  // namespace gpu
+struct EngineOptions;
+class FrameService;
 class MemoryRegistry;
+struct Region;
 class Segment;
 class ThreadPool;
 
@@ -35,13 +42,39 @@ struct EngineContext {
   ThreadPool* landing;  // lands received staging in GPU memory; null: inline
 };
 
+// Which peers a transport's endpoints can reach.
+enum class Reach : uint8_t {
+  kProcess,  // this engine's own segment only; never offered to peers
+  kHost,     // engines on this host
+  kNetwork,  // any engine whose listener it can connect to
+};
+
+// The stream-ordered path a transport offers (Engine::SubmitOnStream).
+enum class StreamPath : uint8_t {
+  // The CPU moves the bytes, between a signal and a wait on the caller's
+  // stream (stream_relay.h).
+  kRelayed,
+  // Endpoint::MapForStream gives an address through which the copies are
+  // enqueued on the caller's stream itself.
+  kMapped,
+};
+
+// A transport's capabilities, as data: the engine selects and plans by these,
+// never by name.
 struct TransportCaps {
-  TransportKind kind = TransportKind::kNone;
-  const char* name = "";
+  const char* name = "";        // the registered name; static storage
   int priority = 0;             // lower is tried first
   uint64_t max_task_bytes = 0;  // requests are sliced to at most this
   bool host_memory = true;      // moves requests whose both sides are host memory
   bool gpu_memory = false;      // moves requests with GPU memory on a side
+  Reach reach = Reach::kHost;
+  StreamPath stream_path = StreamPath::kRelayed;
+  // GPU memory at the target moves as plain bytes that the target stages,
+  // so a relayed stream-ordered transfer may reach it.
+  bool target_stages_gpu = false;
+  // False when this process lacks what the transport needs (a GPU, say):
+  // it is then neither offered nor routed to.
+  bool available = true;
 };
 
 // A transport's path to one segment. Shared with in-flight work, so it may
@@ -54,9 +87,9 @@ class Endpoint {
   virtual void Post(std::vector<Task> tasks) = 0;
   // Fails every task still held, promptly; later posts fail at once.
   virtual void Close() = 0;
-  // Stream-ordered path: the remote range as this process's GPU copies can
+  // StreamPath::kMapped: the remote range as this process's GPU copies can
   // address it, and what keeps that address mapped: hold it until the copies
-  // on the stream are done. Optional; NotSupported by default.
+  // on the stream are done. NotSupported by default.
   struct Mapped {
     void* addr = nullptr;
     std::shared_ptr<const void> hold;
@@ -79,29 +112,65 @@ class Endpoint {
 class Transport {
  public:
   virtual ~Transport() = default;
+
+  // 1. Capabilities; fixed once the transport is made.
   virtual const TransportCaps& caps() const = 0;
-  // Pure: looks only at the segment and its descriptor.
+
+  // 2. The engine offers this transport to its peers (lists it in its
+  // descriptor): prepare what they need to reach this process. Called once,
+  // at engine start, before any descriptor is served. Optional.
+  virtual Status Offer() { return Status::Ok(); }
+
+  // What peers' endpoints need from this engine as a whole, in the
+  // transport's own format; the descriptor carries it as an opaque blob
+  // (SegmentDescriptor::SegmentBlobOf). Called for offered transports each
+  // time the descriptor is built, so it must be cheap. At most
+  // kMaxSegmentBlob bytes. Optional.
+  virtual std::string DescribeSegment() { return {}; }
+
+  // 3. Reachability. Pure: looks only at the segment and its descriptor.
   virtual bool CanReach(const Segment& segment) const = 0;
-  // Never blocks on the network; connections are made lazily.
+
+  // 4. Registration: what peers' endpoints need to reach `region` through
+  // this transport, in the transport's own format. The descriptor carries it
+  // as an opaque blob (SegmentDescriptor::BlobOf); empty when there is
+  // nothing to say. Called once per registration, for offered transports
+  // only, so it may export handles (R4: never on a data path). At most
+  // kMaxRegionBlob bytes. Optional.
+  virtual std::string DescribeMemory(const Region& region, const gpu::MemoryInfo& info) {
+    (void)region;
+    (void)info;
+    return {};
+  }
+
+  // 5. Connect. Never blocks on the network; connections are made lazily.
   virtual Result<std::shared_ptr<Endpoint>> Connect(const std::shared_ptr<Segment>& segment) = 0;
+
+  // The target side: frames this transport serves on the engine's listener
+  // (listener.h). Null by default: the transport needs nothing served.
+  virtual FrameService* frame_service() { return nullptr; }
 };
 
 using TransportFactory = std::unique_ptr<Transport> (*)(EngineContext& ctx);
 
 struct TransportRegistration {
-  std::string name;
+  const char* name;
   TransportFactory factory;
 };
 
+// Called by FERRY_REGISTER_TRANSPORT, from static initializers.
 bool RegisterTransport(const char* name, TransportFactory factory);
+// Every registration, in no set order.
 std::vector<TransportRegistration> RegisteredTransports();
 
 }  // namespace ferry
 
-// Registers `Class`, constructed from an EngineContext&, under `name`.
-#define FERRY_REGISTER_TRANSPORT(name, Class)                                             \
-  [[maybe_unused]] static const bool ferry_transport_registered_##name =                  \
-      ::ferry::RegisterTransport(                                                         \
-          #name, [](::ferry::EngineContext& ctx) -> std::unique_ptr<::ferry::Transport> { \
-            return std::make_unique<Class>(ctx);                                          \
+// Registers `Class` under `Class::kName` (a static constexpr char array,
+// which its caps().name must point at). Class is constructed from an
+// EngineContext&. Use once, in the transport's own .cc.
+#define FERRY_REGISTER_TRANSPORT(Class)                                                          \
+  [[maybe_unused]] static const bool ferry_transport_registered_##Class =                        \
+      ::ferry::RegisterTransport(                                                                \
+          Class::kName, [](::ferry::EngineContext& ctx) -> std::unique_ptr<::ferry::Transport> { \
+            return std::make_unique<Class>(ctx);                                                 \
           })

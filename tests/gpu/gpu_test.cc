@@ -107,7 +107,7 @@ class GpuTransfer : public ::testing::TestWithParam<std::string> {
       dev_dst_ = reinterpret_cast<uint64_t>(own_dev_);
       host_dst_ = reinterpret_cast<uint64_t>(host.value());
       name_ = engine_->name();
-      want_ = TransportKind::kLocal;
+      want_ = "local";
     } else {
       auto p = test::StartPeer(kBytes, 0, 0, kBytes);
       ASSERT_TRUE(p.ok()) << p.status().ToString();
@@ -115,7 +115,7 @@ class GpuTransfer : public ::testing::TestWithParam<std::string> {
       dev_dst_ = peer_.gpu_addr;
       host_dst_ = peer_.alloc_addr;
       name_ = peer_.segment;
-      want_ = GetParam() == "tcp" ? TransportKind::kTcp : TransportKind::kCudaIpc;
+      want_ = GetParam();
     }
     auto seg = engine_->OpenSegment(name_);
     ASSERT_TRUE(seg.ok()) << seg.status().ToString();
@@ -219,7 +219,7 @@ class GpuTransfer : public ::testing::TestWithParam<std::string> {
   test::Peer peer_;
   std::string name_;
   SegmentId seg_ = 0;
-  TransportKind want_ = TransportKind::kNone;
+  std::string want_;
   void* src_ = nullptr;
   void* own_dev_ = nullptr;
   uint64_t dev_dst_ = 0, host_dst_ = 0;
@@ -249,6 +249,10 @@ TEST_P(GpuTransfer, ControlWithoutReadinessReadsStaleData) {
   EXPECT_LT(correct, 100);
 }
 
+// A transfer on an idle stream completes while a one-second kernel still runs
+// on a blocking stream: had it waited behind the kernel (the legacy default
+// stream's implicit sync), the kernel would be done by then. A causal check,
+// not a timing; the time taken is recorded, for the benchmarks' record only.
 TEST_P(GpuTransfer, NoStallBehindAKernelOnABlockingStream) {
   cudaStream_t blocking;
   ASSERT_EQ(cudaStreamCreate(&blocking), cudaSuccess);
@@ -267,7 +271,6 @@ TEST_P(GpuTransfer, NoStallBehindAKernelOnABlockingStream) {
     double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_EQ(cudaStreamQuery(blocking), cudaErrorNotReady) << "the kernel must still run";
-    EXPECT_LT(ms, 5.0);
     EXPECT_EQ(b.value()->Result(0).transport, want_);
     RecordProperty(dst == dev_dst_ ? "no_stall_d2d_ms" : "no_stall_d2h_ms", std::to_string(ms));
   }
@@ -419,7 +422,7 @@ INSTANTIATE_TEST_SUITE_P(Transports, GpuTransfer, ::testing::Values("local", "cu
 // A peer's registrations change after the segment was opened: `ferry serve`
 // swaps its GPU buffer on SIGUSR1 (registers a new one, unregisters the old).
 // With no submit in between, the engine imports the new buffer and closes its
-// import of the old one (off the data path: engine.cc, Watch); then cuda_ipc
+// import of the old one (off the data path: peers.cc, WatchRound); then cuda_ipc
 // reaches the new buffer, from a stream too, and refuses the old one. Before,
 // the endpoint kept the imports it was made with: the new buffer was "not
 // GPU-reachable" and the old import stayed open until the segment closed.
@@ -441,10 +444,10 @@ TEST(CudaIpc, FollowsAPeersRegistrationChangesOffTheDataPath) {
   ASSERT_TRUE(seg.ok());
   const gpu::IpcImportCounts opened = gpu::IpcImports();
   EXPECT_EQ(opened.open, at_start.open + 1) << "the peer's GPU buffer, imported at open";
-  auto move = [&](Op op, void* local, uint64_t remote) -> std::pair<Status, TransportKind> {
+  auto move = [&](Op op, void* local, uint64_t remote) -> std::pair<Status, std::string_view> {
     auto b = engine.Submit(std::vector<Request>{{op, local, seg.value(), remote, kLen}},
                            SubmitOptions{});
-    if (!b.ok()) return {b.status(), TransportKind::kNone};
+    if (!b.ok()) return {b.status(), kNoTransport};
     Status st = b.value()->Wait(std::chrono::seconds(10));
     return {st, b.value()->Result(0).transport};
   };
@@ -461,7 +464,7 @@ TEST(CudaIpc, FollowsAPeersRegistrationChangesOffTheDataPath) {
   ASSERT_EQ(cudaMemset(src, 0x11, kLen), cudaSuccess);
   auto [first, via] = move(Op::kWrite, src, old_addr);
   ASSERT_TRUE(first.ok()) << first.ToString();
-  EXPECT_EQ(via, TransportKind::kCudaIpc);
+  EXPECT_EQ(via, "cuda_ipc");
 
   uint64_t new_addr = 0;
   ASSERT_NO_FATAL_FAILURE(swap(&new_addr));
@@ -481,7 +484,7 @@ TEST(CudaIpc, FollowsAPeersRegistrationChangesOffTheDataPath) {
   ASSERT_EQ(cudaMemset(back, 0, kLen), cudaSuccess);
   auto [wrote, via_w] = move(Op::kWrite, src, new_addr);
   ASSERT_TRUE(wrote.ok()) << wrote.ToString();
-  EXPECT_EQ(via_w, TransportKind::kCudaIpc);
+  EXPECT_EQ(via_w, "cuda_ipc");
   // Read back on a stream: the stream-ordered path maps the new buffer too.
   cudaStream_t s = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
@@ -489,19 +492,19 @@ TEST(CudaIpc, FollowsAPeersRegistrationChangesOffTheDataPath) {
       std::vector<Request>{{Op::kRead, back, seg.value(), new_addr, kLen}}, s);
   ASSERT_TRUE(b.ok()) << b.status().ToString();
   ASSERT_TRUE(b.value()->Wait(std::chrono::seconds(10)).ok());
-  EXPECT_EQ(b.value()->Result(0).transport, TransportKind::kCudaIpc);
+  EXPECT_EQ(b.value()->Result(0).transport, "cuda_ipc");
   ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
   std::vector<unsigned char> check(kLen);
   ASSERT_EQ(cudaMemcpy(check.data(), back, kLen, cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(std::count(check.begin(), check.end(), 0x5a), static_cast<long>(kLen));
 
   // Swapped again, and written at once: the submit waits for the watch to
-  // follow (engine.cc, RefreshIfChanged) rather than failing or importing.
+  // follow (peers.cc, RefreshIfChanged) rather than failing or importing.
   uint64_t third_addr = 0;
   ASSERT_NO_FATAL_FAILURE(swap(&third_addr));
   auto [at_once, via_at_once] = move(Op::kWrite, src, third_addr);
   EXPECT_TRUE(at_once.ok()) << at_once.ToString();
-  EXPECT_EQ(via_at_once, TransportKind::kCudaIpc);
+  EXPECT_EQ(via_at_once, "cuda_ipc");
   EXPECT_EQ(gpu::IpcImports().opened, opened.opened + 2);
   ASSERT_TRUE(engine.CloseSegment(seg.value()).ok());
   cudaStreamDestroy(s);

@@ -14,7 +14,7 @@
 #include "common/clock.h"
 #include "ferry/engine.h"
 #include "integration/peer.h"
-#include "transfer/wire.h"
+#include "transfer/tcp/wire.h"
 
 namespace ferry {
 namespace {

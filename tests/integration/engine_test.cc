@@ -12,17 +12,13 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 
 #include "common/subprocess.h"
-#include "gpu/gpu.h"
 #include "integration/peer.h"
-#include "transfer/descriptor.h"
-#include "transfer/wire.h"
+#include "integration/silent_target.h"
 
 namespace ferry {
 namespace {
@@ -32,12 +28,6 @@ using std::chrono::seconds;
 
 constexpr uint64_t kAlloc = 160ull << 20;
 constexpr uint64_t kHeap = 8ull << 20;
-
-TransportKind KindOf(const std::string& t) {
-  if (t == "tcp") return TransportKind::kTcp;
-  if (t == "shm") return TransportKind::kShm;
-  return TransportKind::kLocal;
-}
 
 class EngineConformance : public ::testing::TestWithParam<std::string> {
  protected:
@@ -79,7 +69,7 @@ class EngineConformance : public ::testing::TestWithParam<std::string> {
     auto b = engine_->Submit(std::span<const Request>(&w, 1));
     ASSERT_TRUE(b.ok()) << b.status().ToString();
     ASSERT_TRUE(b.value()->Wait(seconds(60)).ok()) << b.value()->Poll().first_error.ToString();
-    EXPECT_EQ(b.value()->Result(0).transport, KindOf(GetParam()));
+    EXPECT_EQ(b.value()->Result(0).transport, GetParam());
     Request r{Op::kRead, d, seg_, remote, n};
     ASSERT_TRUE(engine_->Transfer(r).ok());
     ASSERT_EQ(0, std::memcmp(s, d, n)) << "size " << n << " at +" << (remote - alloc_);
@@ -129,7 +119,7 @@ TEST_P(EngineConformance, BatchesFromOneTo1024) {
     ASSERT_TRUE(rb.value()->Wait(seconds(60)).ok());
     for (size_t i = 0; i < batch; ++i) {
       ASSERT_TRUE(rb.value()->Result(i).done);
-      ASSERT_EQ(rb.value()->Result(i).transport, KindOf(GetParam()));
+      ASSERT_EQ(rb.value()->Result(i).transport, GetParam());
     }
     ASSERT_EQ(0, std::memcmp(src.data(), dst.data(), src.size())) << "batch " << batch;
   }
@@ -253,8 +243,7 @@ TEST(Registrations, UnregisteredMemoryIsRefusedAndNewMemoryIsReached) {
         std::vector<Request>{{Op::kWrite, data.data(), seg.value(), new_addr, 4096}});
     ASSERT_TRUE(b.ok());
     EXPECT_TRUE(b.value()->Wait(seconds(10)).ok());
-    EXPECT_EQ(b.value()->Result(0).transport,
-              transport == "tcp" ? TransportKind::kTcp : TransportKind::kShm);
+    EXPECT_EQ(b.value()->Result(0).transport, transport == "tcp" ? "tcp" : "shm");
     EXPECT_EQ(new_buf[4095], 0x44);
   }
 }
@@ -290,7 +279,7 @@ TEST(Registrations, TheWatchFollowsSameHostPeersWithoutASubmit) {
 
 // A peer that registers and unregisters without pause keeps its segment
 // outdated most of the time. Submits to its stable buffer still succeed:
-// they wait for a round of the watch, not for a quiet moment (engine.cc,
+// they wait for a round of the watch, not for a quiet moment (peers.cc,
 // RefreshIfChanged), which would end in a timeout. On two cores the churn has
 // pauses, so this does not reliably fail without that bound; it guards
 // against churn making requests fail or lose data.
@@ -374,7 +363,7 @@ TEST(TransportSelection, SameHostPeersUseShmUnlessTcpIsForced) {
     auto b = e.value()->Submit(std::span<const Request>(&r, 1));
     ASSERT_TRUE(b.ok());
     ASSERT_TRUE(b.value()->Wait(seconds(10)).ok());
-    TransportKind want = (f == "" || f == "auto") ? TransportKind::kShm : TransportKind::kTcp;
+    const char* want = (f == "" || f == "auto") ? "shm" : "tcp";
     EXPECT_EQ(b.value()->Result(0).transport, want) << "forced=" << f;
   }
 }
@@ -391,93 +380,19 @@ TEST(TransportSelection, OwnSegmentCopiesLocally) {
   auto b = e.value()->Submit(std::span<const Request>(&w, 1));
   ASSERT_TRUE(b.ok());
   ASSERT_TRUE(b.value()->Wait(seconds(5)).ok());
-  EXPECT_EQ(b.value()->Result(0).transport, TransportKind::kLocal);
+  EXPECT_EQ(b.value()->Result(0).transport, "local");
   EXPECT_EQ(0, std::memcmp(static_cast<char*>(mem.value()) + 9, "loopback", 9));
   Request r{Op::kRead, dst, s.value(), reinterpret_cast<uint64_t>(mem.value()) + 9, 64};
   ASSERT_TRUE(e.value()->Transfer(r).ok());
   EXPECT_STREQ(dst, "loopback");
 }
 
-// A target that describes one host and one GPU region, answers the hello and
-// counts the requests it is sent, answering none of them.
-class SilentTarget {
- public:
-  static constexpr uint64_t kHost = 0x100000, kGpu = 0x10000000, kLen = 1 << 20;
-
-  SilentTarget() {
-    lfd_ = test::ListenOnLoopback(&port_);
-    acceptor_ = std::thread([this] {
-      for (int fd; (fd = accept(lfd_, nullptr, nullptr)) >= 0;) {
-        fds_.push_back(fd);
-        conns_.emplace_back([this, fd] { Serve(fd); });
-      }
-    });
-  }
-  ~SilentTarget() {
-    shutdown(lfd_, SHUT_RDWR);
-    close(lfd_);
-    acceptor_.join();
-    for (int fd : fds_) shutdown(fd, SHUT_RDWR);
-    for (auto& t : conns_) t.join();
-    for (int fd : fds_) close(fd);
-  }
-  std::string name() const { return "127.0.0.1:" + std::to_string(port_); }
-  int requests() const { return requests_.load(); }
-
- private:
-  void Serve(int fd) {
-    uint8_t in[wire::kHeaderSize], out[wire::kHeaderSize];
-    while (recv(fd, in, sizeof(in), MSG_WAITALL) == static_cast<ssize_t>(sizeof(in))) {
-      auto h = wire::DecodeHeader(in);
-      if (!h.ok()) return;
-      if (h.value().opcode == wire::Opcode::kHello) {
-        wire::EncodeHeader({wire::Opcode::kHelloAck, StatusCode::kOk, h.value().id, kEpoch, 0},
-                           out);
-        send(fd, out, sizeof(out), MSG_NOSIGNAL);
-      } else if (h.value().opcode == wire::Opcode::kGetDescriptor) {
-        SegmentDescriptor d;
-        d.epoch = kEpoch;
-        d.host_id = "another host";
-        d.pid = 1;
-        d.transports = {"tcp"};
-        RegionDesc host, dev;
-        host.addr = kHost;
-        host.length = kLen;
-        host.serial = 1;
-        dev.addr = kGpu;
-        dev.length = kLen;
-        dev.kind = static_cast<uint8_t>(gpu::MemoryKind::kDevice);
-        dev.device = 0;
-        dev.serial = 2;
-        d.regions = {host, dev};
-        auto bytes = EncodeDescriptor(d);
-        wire::EncodeHeader(
-            {wire::Opcode::kDescriptor, StatusCode::kOk, h.value().id, 0, bytes.size()}, out);
-        send(fd, out, sizeof(out), MSG_NOSIGNAL);
-        send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
-      } else if (h.value().opcode == wire::Opcode::kRead) {
-        requests_.fetch_add(1);
-      } else {
-        return;
-      }
-    }
-  }
-
-  static constexpr uint64_t kEpoch = 42;
-  int lfd_ = -1;
-  uint16_t port_ = 0;
-  std::thread acceptor_;
-  std::vector<int> fds_;  // touched by the acceptor until it is joined
-  std::vector<std::thread> conns_;
-  std::atomic<int> requests_{0};
-};
-
 // A request to the target's GPU memory waits there for a copy to staging, so
 // a lane lets twice its window of them on the wire; host memory keeps the
 // window.
 TEST(TcpLanes, RequestsToGpuMemoryGetTwiceTheWindow) {
-  for (uint64_t remote : {SilentTarget::kHost, SilentTarget::kGpu}) {
-    SilentTarget target;
+  for (uint64_t remote : {test::SilentTarget::kHost, test::SilentTarget::kGpu}) {
+    test::SilentTarget target;
     EngineOptions o;
     o.transport = "tcp";
     o.tcp_lanes = 1;
@@ -493,7 +408,7 @@ TEST(TcpLanes, RequestsToGpuMemoryGetTwiceTheWindow) {
     }
     auto b = e.value()->Submit(reqs, seconds(30));
     ASSERT_TRUE(b.ok()) << b.status().ToString();
-    const int want = remote == SilentTarget::kGpu ? 4 : 2;
+    const int want = remote == test::SilentTarget::kGpu ? 4 : 2;
     for (int i = 0; i < 500 && target.requests() < want; ++i) {
       std::this_thread::sleep_for(milliseconds(5));
     }
@@ -501,49 +416,6 @@ TEST(TcpLanes, RequestsToGpuMemoryGetTwiceTheWindow) {
     EXPECT_EQ(target.requests(), want) << "remote 0x" << std::hex << remote;
     e.value().reset();  // fails the unanswered requests, so the batch ends now
   }
-}
-
-// This process's threads named `name`.
-std::vector<std::filesystem::path> ThreadsNamed(const std::string& name) {
-  std::vector<std::filesystem::path> out;
-  for (const auto& t : std::filesystem::directory_iterator("/proc/self/task")) {
-    std::ifstream comm(t.path() / "comm");
-    std::string c;
-    if (std::getline(comm, c) && c == name) out.push_back(t.path());
-  }
-  return out;
-}
-
-long ContextSwitches(const std::vector<std::filesystem::path>& threads) {
-  long total = 0;
-  for (const auto& t : threads) {
-    std::ifstream status(t / "status");
-    for (std::string line; std::getline(status, line);) {
-      if (line.find("ctxt_switches:") != std::string::npos) {
-        total += std::stol(line.substr(line.find(':') + 1));
-      }
-    }
-  }
-  return total;
-}
-
-// The watch sleeps while there is no same-host peer to follow, and looks
-// every few milliseconds once there is one.
-// (Without the wake on open, the idle period's next look could still fall in
-// the second window and pass: about one time in ten.)
-TEST(EngineLifecycle, TheWatchSleepsUntilThereIsAPeerToFollow) {
-  auto engine = Engine::Create({}).value();
-  std::this_thread::sleep_for(milliseconds(100));  // its first look finds nothing
-  const auto watch = ThreadsNamed("ferry-watch");  // named once it runs
-  ASSERT_EQ(watch.size(), 1u);
-  long before = ContextSwitches(watch);
-  std::this_thread::sleep_for(milliseconds(500));
-  EXPECT_LE(ContextSwitches(watch) - before, 5);
-  auto target = Engine::Create({}).value();
-  ASSERT_TRUE(engine->OpenSegment(target->name()).ok());
-  before = ContextSwitches(watch);
-  std::this_thread::sleep_for(milliseconds(100));
-  EXPECT_GE(ContextSwitches(watch) - before, 10);
 }
 
 TEST(EngineLifecycle, CreateAndDestroyInALoop) {
@@ -576,7 +448,7 @@ TEST(EngineLifecycle, TwoEnginesInOneProcessTalk) {
       {Op::kWrite, msg, s.value(), reinterpret_cast<uint64_t>(mem.value()), sizeof(msg)}});
   ASSERT_TRUE(b1.ok());
   ASSERT_TRUE(b1.value()->Wait(seconds(5)).ok());
-  EXPECT_EQ(b1.value()->Result(0).transport, TransportKind::kTcp);
+  EXPECT_EQ(b1.value()->Result(0).transport, "tcp");
   EXPECT_STREQ(static_cast<char*>(mem.value()), msg);
 }
 

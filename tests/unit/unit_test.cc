@@ -24,7 +24,7 @@
 #include "transfer/descriptor.h"
 #include "transfer/memory_registry.h"
 #include "transfer/metadata.h"
-#include "transfer/wire.h"
+#include "transfer/tcp/wire.h"
 
 namespace ferry {
 namespace {
@@ -117,17 +117,18 @@ SegmentDescriptor Sample() {
   d.generation = 0x0102030405060708;
   d.control_memfd = 9;
   d.transports = {"tcp", "shm"};
+  d.transport_blobs = {"", "segment-wide"};
   RegionDesc a, b;
   a.addr = 0x1000;
   a.length = 0x1000;
-  a.memfd = 7;
+  a.allocated = true;
+  a.blobs = {"", std::string("\x07\0\0\0", 4)};
   b.addr = 0x3000;
   b.length = 0x100;
-  b.kind = 2;  // device memory with an IPC handle
+  b.kind = 2;  // device memory
   b.device = 1;
-  b.ipc = std::string(64, 'h');
-  b.ipc_offset = 0x40;
   b.serial = 0x1122334455667788;
+  b.blobs = {std::string(kMaxRegionBlob, 'h'), ""};
   d.regions = {a, b};
   return d;
 }
@@ -141,14 +142,22 @@ TEST(Descriptor, RoundTripAndLookup) {
   EXPECT_EQ(d.value().generation, 0x0102030405060708u);
   EXPECT_EQ(d.value().control_memfd, 9);
   EXPECT_EQ(d.value().regions.size(), 2u);
-  EXPECT_EQ(d.value().regions[0].memfd, 7);
-  EXPECT_EQ(d.value().regions[1].memfd, -1);
+  EXPECT_TRUE(d.value().regions[0].allocated);
+  EXPECT_FALSE(d.value().regions[1].allocated);
   EXPECT_EQ(d.value().regions[1].kind, 2);
   EXPECT_EQ(d.value().regions[1].device, 1);
-  EXPECT_EQ(d.value().regions[1].ipc, std::string(64, 'h'));
-  EXPECT_EQ(d.value().regions[1].ipc_offset, 0x40u);
   EXPECT_EQ(d.value().regions[1].serial, 0x1122334455667788u);
+  // Each transport's blobs come back as it wrote them, and only to it.
+  const RegionDesc& ra = d.value().regions[0];
+  const RegionDesc& rb = d.value().regions[1];
+  EXPECT_EQ(d.value().BlobOf(ra, "shm"), std::string("\x07\0\0\0", 4));
+  EXPECT_EQ(d.value().BlobOf(ra, "tcp"), "");
+  EXPECT_EQ(d.value().BlobOf(rb, "tcp"), std::string(kMaxRegionBlob, 'h'));
+  EXPECT_EQ(d.value().BlobOf(rb, "cuda_ipc"), "") << "not offered";
+  EXPECT_EQ(d.value().SegmentBlobOf("shm"), "segment-wide");
+  EXPECT_EQ(d.value().SegmentBlobOf("tcp"), "");
   EXPECT_TRUE(d.value().Offers("shm"));
+  EXPECT_FALSE(d.value().Offers("cuda_ipc"));
   EXPECT_NE(d.value().Find(0x1000, 0x1000), nullptr);
   EXPECT_EQ(d.value().Find(0x1fff, 2), nullptr);  // crosses the end
   EXPECT_EQ(d.value().Find(0x2000, 1), nullptr);  // gap
@@ -173,18 +182,31 @@ TEST(Descriptor, EveryTruncationAndCorruptionIsRejected) {
   kind.regions[0].kind = 3;  // no such memory kind
   auto kb = EncodeDescriptor(kind);
   EXPECT_FALSE(DecodeDescriptor(kb.data(), kb.size()).ok());
-  SegmentDescriptor ipc = Sample();
-  ipc.regions[1].ipc = std::string(65, 'h');  // longer than any CUDA IPC handle
-  auto ib = EncodeDescriptor(ipc);
-  EXPECT_FALSE(DecodeDescriptor(ib.data(), ib.size()).ok());
+  SegmentDescriptor blob = Sample();
+  blob.regions[1].blobs[0] = std::string(kMaxRegionBlob + 1, 'h');  // over a transport's limit
+  auto bb = EncodeDescriptor(blob);
+  EXPECT_FALSE(DecodeDescriptor(bb.data(), bb.size()).ok());
   SegmentDescriptor zero = Sample();
   zero.epoch = 0;
   auto zb = EncodeDescriptor(zero);
   EXPECT_FALSE(DecodeDescriptor(zb.data(), zb.size()).ok());
   // A region count far beyond the bytes present must not allocate or read past.
-  std::vector<uint8_t> huge = EncodeDescriptor(SegmentDescriptor{1, "h", 1, 0, -1, {}, {}});
+  std::vector<uint8_t> huge = EncodeDescriptor(SegmentDescriptor{1, "h", 1, 0, -1, {}, {}, {}});
   huge[huge.size() - 1] = 0x7f;
   EXPECT_FALSE(DecodeDescriptor(huge.data(), huge.size()).ok());
+}
+
+// A peer of another descriptor format is refused by name, not misread.
+TEST(Descriptor, OtherFormatsAreRefusedClearly) {
+  auto bytes = EncodeDescriptor(Sample());
+  ASSERT_EQ(bytes[3], '0' + kDescriptorFormat);
+  bytes[3] = '3';  // the format before per-transport blobs
+  auto old = DecodeDescriptor(bytes.data(), bytes.size());
+  EXPECT_EQ(old.status().code(), StatusCode::kProtocolError);
+  EXPECT_NE(old.status().message().find("format 3"), std::string::npos) << old.status().ToString();
+  bytes[0] = 'X';
+  EXPECT_NE(DecodeDescriptor(bytes.data(), bytes.size()).status().message().find("wrong magic"),
+            std::string::npos);
 }
 
 TEST(MemoryRegistry, OverlapsAreRejectedAndContainsIsExact) {
@@ -227,8 +249,8 @@ TEST(SegmentName, Parsing) {
 
 TEST(BatchState, CountsTasksAndReportsTheFirstError) {
   auto b = std::make_shared<BatchState>(3);
-  b->Plan(0, 2, TransportKind::kTcp);
-  b->Plan(1, 1, TransportKind::kShm);
+  b->Plan(0, 2, "tcp");
+  b->Plan(1, 1, "shm");
   b->FailRequest(2, Status(StatusCode::kUnavailable, "down"));
   EXPECT_FALSE(b->Poll().done());
   b->TaskDone(0, Status::Ok());
@@ -243,7 +265,8 @@ TEST(BatchState, CountsTasksAndReportsTheFirstError) {
   EXPECT_EQ(s.succeeded, 1u);
   EXPECT_EQ(s.failed, 2u);
   EXPECT_EQ(s.first_error.code(), StatusCode::kUnavailable);
-  EXPECT_EQ(b->Result(1).transport, TransportKind::kShm);
+  EXPECT_EQ(b->Result(1).transport, "shm");
+  EXPECT_EQ(b->Result(5).transport, kNoTransport);
   EXPECT_EQ(b->Result(5).status.code(), StatusCode::kOutOfRange);
   EXPECT_TRUE(b->WaitQuiescent(Deadline::After(Millis(10))));
 }

@@ -6,8 +6,12 @@
 // When the peer's registrations change, the endpoint follows (Follow): new
 // regions are imported, regions still registered keep their imports, and
 // those of removed regions are released once no copy uses them. The engine's
-// watch thread makes those changes (engine.cc, Watch); nothing on the data
+// watch thread makes those changes (peers.h, WatchRound); nothing on the data
 // path opens, registers or synchronizes (R4).
+//
+// A region's blob, written when the owner registered it: 'G', the CUDA IPC
+// handle of its allocation and its offset there, for device memory; 'M' and
+// the owner's fd number, for a memfd buffer; empty for other memory.
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -16,18 +20,60 @@
 #include <mutex>
 #include <optional>
 
+#include "common/bytes.h"
 #include "common/host.h"
 #include "common/log.h"
 #include "common/thread_pool.h"
 #include "gpu/copier.h"
 #include "gpu/gpu.h"
 #include "transfer/copy_task.h"
+#include "transfer/memory_registry.h"
 #include "transfer/peer_memfd.h"
 #include "transfer/segment.h"
 #include "transfer/transport.h"
 
 namespace ferry {
 namespace {
+
+constexpr uint8_t kDeviceBlob = 'G';
+constexpr uint8_t kMemfdBlob = 'M';
+constexpr size_t kMaxIpcHandle = 64;
+
+// What a region's blob says: an IPC handle and offset, or a memfd, or neither.
+struct Reachable {
+  std::string ipc;
+  uint64_t ipc_offset = 0;
+  int32_t memfd = -1;
+};
+
+std::string Encode(const Reachable& r) {
+  std::vector<uint8_t> out;
+  ByteWriter w(&out);
+  if (!r.ipc.empty()) {
+    w.U8(kDeviceBlob);
+    w.Str(r.ipc);
+    w.U64(r.ipc_offset);
+  } else if (r.memfd >= 0) {
+    w.U8(kMemfdBlob);
+    w.I32(r.memfd);
+  }
+  return std::string(out.begin(), out.end());
+}
+
+// Nothing reachable for an empty or malformed blob.
+Reachable Decode(std::string_view blob) {
+  ByteReader in(reinterpret_cast<const uint8_t*>(blob.data()), blob.size());
+  Reachable r;
+  const uint8_t tag = in.U8();
+  if (tag == kDeviceBlob) {
+    r.ipc = in.Str(kMaxIpcHandle);
+    r.ipc_offset = in.U64();
+  } else if (tag == kMemfdBlob) {
+    r.memfd = static_cast<int32_t>(in.U32());
+  }
+  if (!in.ok() || in.Left() != 0 || r.memfd < -1) return {};
+  return r;
+}
 
 // One peer allocation (by IPC handle) or memfd buffer, mapped here. Shared by
 // the regions that lie in it and by the copies using them; the last holder
@@ -61,12 +107,13 @@ std::shared_ptr<Import> Adopt(const std::shared_ptr<ThreadPool>& reaper, const I
 class CudaIpcEndpoint : public Endpoint, public std::enable_shared_from_this<CudaIpcEndpoint> {
  public:
   CudaIpcEndpoint(ThreadPool& pool, gpu::Copier& copier, std::shared_ptr<ThreadPool> reaper,
-                  std::string name, uint32_t pid)
+                  std::string name, uint32_t pid, const char* transport)
       : pool_(pool),
         copier_(copier),
         reaper_(std::move(reaper)),
         name_(std::move(name)),
         pid_(pid),
+        transport_(transport),
         table_(std::make_shared<const Table>()) {}
 
   // Maps what the descriptor offers and keeps what it still offers: a region
@@ -80,7 +127,7 @@ class CudaIpcEndpoint : public Endpoint, public std::enable_shared_from_this<Cud
       auto it = old->find(r.addr);
       if (it != old->end() && it->second.serial == r.serial) {
         next->emplace(r.addr, it->second);
-      } else if (auto m = Map(r)) {
+      } else if (auto m = Map(r, Decode(d.BlobOf(r, transport_)))) {
         next->emplace(r.addr, std::move(*m));
       }
     }
@@ -153,22 +200,23 @@ class CudaIpcEndpoint : public Endpoint, public std::enable_shared_from_this<Cud
                   fmt::format("0x{:x}+{} is not GPU-reachable at {}", remote, length, name_));
   }
 
-  // Imports one region; nullopt, logged, when it cannot be. Under follow_mu_.
-  std::optional<Mapping> Map(const RegionDesc& r) {
+  // Imports one region, as its blob `how` says; nullopt, logged, when it
+  // cannot be. Under follow_mu_.
+  std::optional<Mapping> Map(const RegionDesc& r, const Reachable& how) {
     Mapping m;
     m.addr = r.addr;
     m.length = r.length;
     m.serial = r.serial;
     m.direct = true;
-    if (r.kind == static_cast<uint8_t>(gpu::MemoryKind::kDevice) && !r.ipc.empty()) {
+    if (r.kind == static_cast<uint8_t>(gpu::MemoryKind::kDevice) && !how.ipc.empty()) {
       m.device = r.device >= 0 && r.device < gpu::DeviceCount() ? r.device : 0;
-      std::weak_ptr<Import>& shared = by_handle_[r.ipc];
+      std::weak_ptr<Import>& shared = by_handle_[how.ipc];
       m.import = shared.lock();
       // Opening a handle whose close is still queued on the reaper is safe:
       // CUDA counts the opens of a handle in a context, and the pending close
       // takes back only its own.
       if (!m.import) {
-        auto base = gpu::OpenIpc(r.ipc, m.device);
+        auto base = gpu::OpenIpc(how.ipc, m.device);
         if (!base.ok()) {
           FERRY_LOG_WARN("cuda_ipc: {}: {}", name_, base.status().ToString());
           return std::nullopt;
@@ -176,9 +224,9 @@ class CudaIpcEndpoint : public Endpoint, public std::enable_shared_from_this<Cud
         m.import = Adopt(reaper_, {static_cast<char*>(base.value()), 0, base.value(), m.device});
         shared = m.import;
       }
-      m.base = m.import->base + r.ipc_offset;
-    } else if (r.memfd >= 0) {
-      auto p = MapPeerMemfd(pid_, r.memfd, r.length);
+      m.base = m.import->base + how.ipc_offset;
+    } else if (how.memfd >= 0) {
+      auto p = MapPeerMemfd(pid_, how.memfd, r.length);
       if (!p.ok()) {
         FERRY_LOG_WARN("cuda_ipc: {}: {}", name_, p.status().ToString());
         return std::nullopt;
@@ -214,6 +262,7 @@ class CudaIpcEndpoint : public Endpoint, public std::enable_shared_from_this<Cud
   const std::shared_ptr<ThreadPool> reaper_;
   const std::string name_;
   const uint32_t pid_;
+  const char* const transport_;  // our registered name: whose blobs to read
   std::atomic<bool> closed_{false};
   std::mutex follow_mu_;
   std::map<std::string, std::weak_ptr<Import>> by_handle_;  // guarded by follow_mu_
@@ -223,27 +272,44 @@ class CudaIpcEndpoint : public Endpoint, public std::enable_shared_from_this<Cud
 
 class CudaIpcTransport : public Transport {
  public:
+  static constexpr char kName[] = "cuda_ipc";
+
   explicit CudaIpcTransport(EngineContext& ctx) : ctx_(ctx) {
-    caps_.kind = TransportKind::kCudaIpc;
-    caps_.name = "cuda_ipc";
+    caps_.name = kName;
     caps_.priority = 15;
     caps_.max_task_bytes = 64ull << 20;
     caps_.host_memory = false;
     caps_.gpu_memory = true;
+    caps_.reach = Reach::kHost;
+    caps_.stream_path = StreamPath::kMapped;  // copies through the imported mapping
+    caps_.available = ctx.copier != nullptr;
   }
 
   const TransportCaps& caps() const override { return caps_; }
 
   bool CanReach(const Segment& segment) const override {
     auto d = segment.descriptor();
-    return ctx_.copier != nullptr && d && d->Offers("cuda_ipc") && d->host_id == HostIdentity() &&
+    return ctx_.copier != nullptr && d && d->Offers(kName) && d->host_id == HostIdentity() &&
            d->pid != static_cast<uint32_t>(getpid());
+  }
+
+  // Exported here, at registration, never on a data path (R4). Device memory
+  // that cannot be exported gets no blob: same-host peers cannot map it.
+  std::string DescribeMemory(const Region& region, const gpu::MemoryInfo& info) override {
+    Reachable r;
+    if (info.kind == gpu::MemoryKind::kDevice) {
+      r.ipc = gpu::ExportIpc(info);
+      r.ipc_offset = region.addr - info.alloc_base;
+    } else {
+      r.memfd = region.memfd;
+    }
+    return Encode(r);
   }
 
   Result<std::shared_ptr<Endpoint>> Connect(const std::shared_ptr<Segment>& segment) override {
     auto d = segment->descriptor();
     auto ep = std::make_shared<CudaIpcEndpoint>(ctx_.copy_pool, *ctx_.copier, reaper_,
-                                                segment->name(), d->pid);
+                                                segment->name(), d->pid, kName);
     ep->Follow(*d);
     return std::shared_ptr<Endpoint>(std::move(ep));
   }
@@ -258,6 +324,6 @@ class CudaIpcTransport : public Transport {
 
 }  // namespace
 
-FERRY_REGISTER_TRANSPORT(cuda_ipc, CudaIpcTransport);
+FERRY_REGISTER_TRANSPORT(CudaIpcTransport);
 
 }  // namespace ferry

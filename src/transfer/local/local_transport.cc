@@ -62,12 +62,15 @@ class LocalEndpoint : public Endpoint, public std::enable_shared_from_this<Local
 
 class LocalTransport : public Transport {
  public:
+  static constexpr char kName[] = "local";
+
   explicit LocalTransport(EngineContext& ctx) : ctx_(ctx) {
-    caps_.kind = TransportKind::kLocal;
-    caps_.name = "local";
+    caps_.name = kName;
     caps_.priority = 10;
     caps_.max_task_bytes = 8ull << 20;
     caps_.gpu_memory = true;  // through the engine's GPU copier
+    caps_.reach = Reach::kProcess;
+    caps_.stream_path = StreamPath::kMapped;  // the address is ours
   }
 
   const TransportCaps& caps() const override { return caps_; }
@@ -85,6 +88,6 @@ class LocalTransport : public Transport {
 
 }  // namespace
 
-FERRY_REGISTER_TRANSPORT(local, LocalTransport);
+FERRY_REGISTER_TRANSPORT(LocalTransport);
 
 }  // namespace ferry

@@ -4,9 +4,13 @@
 // moved with process_vm_readv/writev. Copies run on the engine's copy pool.
 // The peer's liveness is watched through a pidfd, so a dead peer fails
 // requests with ConnectionLost instead of touching a reused pid.
+//
+// A region's blob is the owner's fd number of its memfd (an i32), or empty
+// for memory that process_vm reaches.
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -15,10 +19,12 @@
 #include <map>
 #include <mutex>
 
+#include "common/bytes.h"
 #include "common/host.h"
 #include "common/log.h"
 #include "common/thread_pool.h"
 #include "transfer/copy_task.h"
+#include "transfer/memory_registry.h"
 #include "transfer/peer_memfd.h"
 #include "transfer/segment.h"
 #include "transfer/transport.h"
@@ -26,11 +32,29 @@
 namespace ferry {
 namespace {
 
+std::string EncodeMemfd(int32_t fd) {
+  std::vector<uint8_t> out;
+  ByteWriter(&out).I32(fd);
+  return std::string(out.begin(), out.end());
+}
+
+// The memfd a blob names, or -1.
+int32_t DecodeMemfd(std::string_view blob) {
+  if (blob.size() != 4) return -1;
+  ByteReader r(reinterpret_cast<const uint8_t*>(blob.data()), blob.size());
+  const int32_t fd = static_cast<int32_t>(r.U32());
+  return fd >= 0 ? fd : -1;
+}
+
 class ShmEndpoint : public Endpoint, public std::enable_shared_from_this<ShmEndpoint> {
  public:
   ShmEndpoint(ThreadPool& pool, std::shared_ptr<const SegmentDescriptor> desc,
-              std::weak_ptr<Segment> segment, std::string name)
-      : pool_(pool), desc_(std::move(desc)), segment_(std::move(segment)), name_(std::move(name)) {
+              std::weak_ptr<Segment> segment, std::string name, const char* transport)
+      : pool_(pool),
+        desc_(std::move(desc)),
+        segment_(std::move(segment)),
+        name_(std::move(name)),
+        transport_(transport) {
     pidfd_ = static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(desc_->pid), 0));
   }
 
@@ -69,8 +93,8 @@ class ShmEndpoint : public Endpoint, public std::enable_shared_from_this<ShmEndp
       return Status(StatusCode::kOutOfRange,
                     fmt::format("0x{:x}+{} is not registered at {}", t.remote, t.length, name_));
     }
-    if (r->memfd >= 0) {
-      auto base = Map(*r);
+    if (const int32_t memfd = DecodeMemfd(desc_->BlobOf(*r, transport_)); memfd >= 0) {
+      auto base = Map(*r, memfd);
       if (!base.ok()) return base.status();
       CopyTask(t, base.value() + (t.remote - r->addr));
       return Status::Ok();
@@ -86,11 +110,11 @@ class ShmEndpoint : public Endpoint, public std::enable_shared_from_this<ShmEndp
     return kill(static_cast<pid_t>(desc_->pid), 0) != 0 && errno == ESRCH;
   }
 
-  Result<char*> Map(const RegionDesc& r) {
+  Result<char*> Map(const RegionDesc& r, int32_t memfd) {
     std::lock_guard lk(mu_);
     auto it = maps_.find(r.addr);
     if (it != maps_.end()) return it->second.base;
-    FERRY_ASSIGN_OR_RETURN(char* p, MapPeerMemfd(desc_->pid, r.memfd, r.length));
+    FERRY_ASSIGN_OR_RETURN(char* p, MapPeerMemfd(desc_->pid, memfd, r.length));
     maps_[r.addr] = {p, r.length};
     return p;
   }
@@ -123,6 +147,7 @@ class ShmEndpoint : public Endpoint, public std::enable_shared_from_this<ShmEndp
   const std::shared_ptr<const SegmentDescriptor> desc_;
   const std::weak_ptr<Segment> segment_;
   const std::string name_;
+  const char* const transport_;  // our registered name: whose blobs to read
   int pidfd_ = -1;
   std::atomic<bool> closed_{false};
   std::mutex mu_;
@@ -131,23 +156,37 @@ class ShmEndpoint : public Endpoint, public std::enable_shared_from_this<ShmEndp
 
 class ShmTransport : public Transport {
  public:
+  static constexpr char kName[] = "shm";
+
   explicit ShmTransport(EngineContext& ctx) : ctx_(ctx) {
-    caps_.kind = TransportKind::kShm;
-    caps_.name = "shm";
+    caps_.name = kName;
     caps_.priority = 20;
     caps_.max_task_bytes = 8ull << 20;
+    caps_.reach = Reach::kHost;
   }
 
   const TransportCaps& caps() const override { return caps_; }
 
+  // process_vm_readv/writev from same-host peers needs ptrace permission
+  // under Yama.
+  Status Offer() override {
+    prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+    return Status::Ok();
+  }
+
   bool CanReach(const Segment& segment) const override {
     auto d = segment.descriptor();
-    return d && d->Offers("shm") && d->host_id == HostIdentity();
+    return d && d->Offers(kName) && d->host_id == HostIdentity();
+  }
+
+  // Engine-allocated memory is mapped by its memfd; the rest needs nothing.
+  std::string DescribeMemory(const Region& region, const gpu::MemoryInfo&) override {
+    return region.memfd >= 0 ? EncodeMemfd(region.memfd) : std::string();
   }
 
   Result<std::shared_ptr<Endpoint>> Connect(const std::shared_ptr<Segment>& segment) override {
     return std::shared_ptr<Endpoint>(std::make_shared<ShmEndpoint>(
-        ctx_.copy_pool, segment->descriptor(), segment, segment->name()));
+        ctx_.copy_pool, segment->descriptor(), segment, segment->name(), kName));
   }
 
  private:
@@ -157,6 +196,6 @@ class ShmTransport : public Transport {
 
 }  // namespace
 
-FERRY_REGISTER_TRANSPORT(shm, ShmTransport);
+FERRY_REGISTER_TRANSPORT(ShmTransport);
 
 }  // namespace ferry

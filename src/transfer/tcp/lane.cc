@@ -2,7 +2,7 @@
 
 #include "common/log.h"
 #include "transfer/segment.h"
-#include "transfer/socket_io.h"
+#include "transfer/tcp/socket_io.h"
 
 namespace ferry {
 

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "transfer/batch.h"
-#include "transfer/wire.h"
+#include "transfer/tcp/wire.h"
 
 namespace ferry {
 

@@ -1,15 +1,20 @@
 // The tcp transport: reaches any peer whose listener it can connect to. Each
 // request is sliced into chunks (tcp_chunk_bytes) spread round-robin over the
 // peer's lanes (tcp_lanes), each lane keeping tcp_chunks_in_flight on the wire.
+// Both ends live here: the initiator's endpoint and lanes (lane.h), and the
+// target side that serves their frames on the engine's listener (target.h).
+#include <algorithm>
 #include <atomic>
 #include <functional>
 
 #include "common/log.h"
+#include "ferry/engine.h"
 #include "gpu/copier.h"
 #include "gpu/gpu.h"
 #include "transfer/segment.h"
-#include "transfer/staging.h"
 #include "transfer/tcp/lane.h"
+#include "transfer/tcp/staging.h"
+#include "transfer/tcp/target.h"
 #include "transfer/transport.h"
 
 namespace ferry {
@@ -21,8 +26,8 @@ namespace {
 // readiness event (R2). With several chunks staged at once, the copy of chunk
 // k+1 overlaps the send of chunk k. A GPU write completes when the target has
 // acknowledged it; a GPU read once the bytes are in device memory (R3). GPU
-// memory at the target is the target's listener's to stage: to this side it
-// is plain bytes.
+// memory at the target is the target side's to stage (target.h): to this
+// side it is plain bytes.
 class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndpoint> {
  public:
   TcpEndpoint(std::vector<std::shared_ptr<Lane>> lanes, gpu::Copier* copier,
@@ -124,19 +129,34 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
 
 class TcpTransport : public Transport {
  public:
+  static constexpr char kName[] = "tcp";
+
   explicit TcpTransport(EngineContext& ctx) : ctx_(ctx) {
-    caps_.kind = TransportKind::kTcp;
-    caps_.name = "tcp";
+    caps_.name = kName;
     caps_.priority = 30;
     caps_.max_task_bytes = ctx.options.tcp_chunk_bytes;
     caps_.gpu_memory = ctx.copier != nullptr;  // local GPU memory, through staging
+    caps_.reach = Reach::kNetwork;
+    caps_.target_stages_gpu = true;  // the target side stages its GPU memory
+    TcpTarget::Config tc;
+    tc.staging_bytes = ctx.options.tcp_chunk_bytes;
+    // One peer's lanes, each with the doubled window of requests to GPU memory
+    // as far as a connection can use it; 16 at least, 64 at most.
+    const size_t per_lane = std::min<size_t>(
+        2 * static_cast<size_t>(ctx.options.tcp_chunks_in_flight), kMaxQueuedReplies);
+    tc.staging_buffers =
+        std::clamp<size_t>(static_cast<size_t>(ctx.options.tcp_lanes) * per_lane, 16, 64);
+    tc.landing = ctx.landing;
+    target_ = std::make_unique<TcpTarget>(tc, ctx.registry, ctx.copier);
   }
 
   const TransportCaps& caps() const override { return caps_; }
 
+  FrameService* frame_service() override { return target_.get(); }
+
   bool CanReach(const Segment& segment) const override {
     auto d = segment.descriptor();
-    return d && d->Offers("tcp");
+    return d && d->Offers(kName);
   }
 
   Result<std::shared_ptr<Endpoint>> Connect(const std::shared_ptr<Segment>& segment) override {
@@ -168,10 +188,11 @@ class TcpTransport : public Transport {
  private:
   EngineContext& ctx_;
   TransportCaps caps_;
+  std::unique_ptr<TcpTarget> target_;  // our end for peers' lanes, on the listener
 };
 
 }  // namespace
 
-FERRY_REGISTER_TRANSPORT(tcp, TcpTransport);
+FERRY_REGISTER_TRANSPORT(TcpTransport);
 
 }  // namespace ferry

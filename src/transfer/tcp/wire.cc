@@ -1,4 +1,4 @@
-#include "transfer/wire.h"
+#include "transfer/tcp/wire.h"
 
 #include <string>
 

@@ -1,4 +1,5 @@
-// The frame header of Ferry's listener protocol. 32 bytes, little-endian,
+// The frame header of the tcp protocol, which the engine's listener also
+// speaks for the p2p metadata (Hello, GetDescriptor). 32 bytes, little-endian,
 // written field by field:
 //
 //   magic u32 | version u8 | opcode u8 | status u8 | reserved u8 (0)

@@ -1,4 +1,4 @@
-#include "transfer/staging.h"
+#include "transfer/tcp/staging.h"
 
 #include "common/cache.h"
 #include "common/log.h"

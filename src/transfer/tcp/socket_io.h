@@ -1,4 +1,4 @@
-// Payload receive for the listener and the tcp lanes. Unlike asio::async_read,
+// Payload receive for both ends of tcp: the lanes and the target. Unlike asio::async_read,
 // it raises the socket's SO_RCVLOWAT while it waits, so a large payload wakes
 // the thread once per kPayloadLowat bytes instead of once per burst of
 // segments. On loopback that cuts the receive side's syscalls several-fold.

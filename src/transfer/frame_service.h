@@ -1,0 +1,80 @@
+// The seam between the engine's listener and the transports that serve
+// frames on it (Transport::frame_service): the listener accepts, reads each
+// frame header, validates it and answers the p2p metadata frames itself
+// (Hello, GetDescriptor); a frame of any other opcode goes to the service
+// that claims it, with the connection it came on.
+#pragma once
+
+#include <asio.hpp>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "transfer/tcp/wire.h"
+
+namespace ferry {
+
+// Replies a connection may have pending before it reads no further frame.
+inline constexpr size_t kMaxQueuedReplies = 8;
+
+// One listener connection, as a service sees it. Every call is made on the
+// connection's strand: from FrameService::Serve, from a handler of an
+// operation on socket(), or from a function given to Post.
+class FrameConnection {
+ public:
+  virtual ~FrameConnection() = default;
+
+  virtual asio::ip::tcp::socket& socket() = 0;
+  // The socket's SO_RCVLOWAT as AsyncReadPayload caches it.
+  virtual int* rcv_lowat() = 0;
+  // The peer's address, for logs.
+  virtual const std::string& peer() const = 0;
+  // Runs `fn` on the strand.
+  virtual void Post(std::function<void()> fn) = 0;
+  // Keeps the connection alive, for handlers that outlive the call.
+  virtual std::shared_ptr<FrameConnection> self() = 0;
+
+  // Replies go out in frame order: reserve a slot when the frame is read,
+  // fill it when the reply is ready. `sent` runs once the payload has been
+  // written, or at shutdown; `payload` (header.length bytes when not null)
+  // must stay valid until then.
+  struct Slot;
+  virtual std::shared_ptr<Slot> Reserve() = 0;
+  virtual void Fill(const std::shared_ptr<Slot>& slot, const wire::Header& header,
+                    const void* payload, std::function<void()> sent = nullptr) = 0;
+  // Reserve and Fill at once: a reply that is ready now.
+  void Reply(const wire::Header& header, const void* payload,
+             std::function<void()> sent = nullptr) {
+    Fill(Reserve(), header, payload, std::move(sent));
+  }
+  // Runs `fn` once every queued reply has been written.
+  virtual void WhenDrained(std::function<void()> fn) = 0;
+  // While held, queued replies wait: the service writes on the socket itself.
+  virtual void HoldReplies(bool hold) = 0;
+
+  // Reads the next frame, unless kMaxQueuedReplies replies are pending (it
+  // resumes once one is written). A service calls it once per frame served,
+  // when it may read on.
+  virtual void ReadNext() = 0;
+  // Closes the connection: the peer went away, or the stream is out of step.
+  virtual void Shutdown() = 0;
+  // Shutdown, logged with `why`.
+  virtual void Drop(const std::string& why) = 0;
+  // Brackets each socket operation of a frame: a peer that makes no
+  // progress within the listener's frame timeout is cut off.
+  virtual void BeginFrame() = 0;
+  virtual void EndFrame() = 0;
+};
+
+class FrameService {
+ public:
+  virtual ~FrameService() = default;
+  // Whether frames with this opcode are this service's. Fixed.
+  virtual bool Serves(wire::Opcode opcode) const = 0;
+  // Serves one frame whose header is `h`, its payload unread. Must end, now
+  // or later, with conn.ReadNext() or a close.
+  virtual void Serve(FrameConnection& conn, const wire::Header& h) = 0;
+};
+
+}  // namespace ferry

@@ -1,0 +1,95 @@
+#include "transfer/router.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <optional>
+
+#include "common/host.h"
+#include "common/log.h"
+#include "gpu/gpu.h"
+#include "transfer/memory_registry.h"
+#include "transfer/peers.h"
+#include "transfer/segment.h"
+
+namespace ferry {
+
+Status Router::Validate(std::span<const Request> reqs, Segments* segs) const {
+  if (reqs.empty()) return Status(StatusCode::kInvalidArgument, "empty batch");
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const Request& r = reqs[i];
+    auto bad = [i](StatusCode code, const std::string& why) {
+      return Status(code, "request " + std::to_string(i) + ": " + why);
+    };
+    if (r.local == nullptr) return bad(StatusCode::kInvalidArgument, "null local address");
+    if (r.length == 0) return bad(StatusCode::kInvalidArgument, "zero length");
+    if (r.op != Op::kRead && r.op != Op::kWrite) {
+      return bad(StatusCode::kInvalidArgument, "unknown op");
+    }
+    if (!segs->count(r.segment)) {
+      auto seg = peers_.Find(r.segment);
+      if (!seg) {
+        return bad(StatusCode::kNotFound, "unknown segment " + std::to_string(r.segment));
+      }
+      segs->emplace(r.segment, std::move(seg));
+    }
+  }
+  return Status::Ok();
+}
+
+Result<int> Router::CheckRemote(const Request& r, Segment& seg,
+                                std::set<SegmentId>* refreshed) const {
+  auto find = [&]() -> std::optional<int> {
+    if (seg.is_self()) {
+      auto reg = registry_.Find(r.remote, r.length);
+      if (!reg) return std::nullopt;
+      return reg->kind == gpu::MemoryKind::kDevice ? std::max(reg->device, 0) : -1;
+    }
+    auto d = seg.descriptor();
+    const RegionDesc* g = d ? d->Find(r.remote, r.length) : nullptr;
+    if (g == nullptr) return std::nullopt;
+    if (g->kind != static_cast<uint8_t>(gpu::MemoryKind::kDevice)) return -1;
+    // The peer's device index, where this process sees that many GPUs.
+    return g->device >= 0 && g->device < gpu::DeviceCount() ? g->device : 0;
+  };
+  if (auto where = find()) return *where;
+  // A peer the watch follows has no registration the page has not shown.
+  if (!seg.is_self() && !seg.Watched() && refreshed->insert(seg.id()).second) {
+    FERRY_RETURN_IF_ERROR(peers_.Refresh(seg));
+    if (auto where = find()) return *where;
+  }
+  return Status(StatusCode::kOutOfRange,
+                fmt::format("0x{:x}+{} is not inside one registered buffer of {}", r.remote,
+                            r.length, seg.name()));
+}
+
+Router::Sides Router::GpuSides(const Request& r, int remote_device) const {
+  Sides sides;
+  if (!gpu_) return sides;
+  sides.remote = remote_device;
+  gpu::MemoryInfo local;
+  if (auto reg = registry_.Find(reinterpret_cast<uint64_t>(r.local), r.length)) {
+    local.kind = reg->kind;
+    local.device = reg->device;
+  } else {
+    local = gpu::Classify(r.local);
+  }
+  if (local.kind == gpu::MemoryKind::kDevice) sides.local = std::max(local.device, 0);
+  return sides;
+}
+
+void Router::PreConnectGpu(const std::shared_ptr<Segment>& seg) const {
+  if (!gpu_) return;
+  auto d = seg->descriptor();
+  if (!d || seg->is_self()) return;
+  auto r = Route(seg, true);
+  if (!r.ok()) FERRY_LOG_DEBUG("no GPU path to {}: {}", seg->name(), r.status().ToString());
+}
+
+bool Router::InThisProcess(const Segment& seg) {
+  if (seg.is_self()) return true;
+  auto d = seg.descriptor();
+  return d && d->pid == static_cast<uint32_t>(getpid()) && d->host_id == HostIdentity();
+}
+
+}  // namespace ferry

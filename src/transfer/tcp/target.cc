@@ -1,0 +1,263 @@
+#include "transfer/tcp/target.h"
+
+#include <algorithm>
+
+#include "common/log.h"
+#include "common/thread_pool.h"
+#include "gpu/copier.h"
+#include "gpu/gpu.h"
+#include "transfer/memory_registry.h"
+#include "transfer/tcp/socket_io.h"
+
+namespace ferry {
+
+using wire::Header;
+using wire::Opcode;
+
+TcpTarget::TcpTarget(const Config& config, const MemoryRegistry& registry, gpu::Copier* copier)
+    : registry_(registry), copier_(copier), landing_(config.landing) {
+  if (copier_ != nullptr) {
+    staging_ = StagingPool::Create(config.staging_buffers, config.staging_bytes, "listener");
+  }
+}
+
+bool TcpTarget::Serves(Opcode opcode) const {
+  return opcode == Opcode::kWrite || opcode == Opcode::kRead;
+}
+
+void TcpTarget::Serve(FrameConnection& conn, const Header& h) {
+  if (h.opcode == Opcode::kWrite) return HandleWrite(conn.self(), h);
+  HandleRead(conn.self(), h);
+}
+
+StatusCode TcpTarget::Check(const Header& h, int* device) const {
+  if (h.length == 0) return StatusCode::kInvalidArgument;
+  auto r = registry_.Find(h.addr, h.length);
+  if (!r) return StatusCode::kOutOfRange;
+  *device = r->kind == gpu::MemoryKind::kDevice ? std::max(r->device, 0) : -1;
+  if (*device >= 0 && (copier_ == nullptr || staging_ == nullptr)) return StatusCode::kNotSupported;
+  return StatusCode::kOk;
+}
+
+void TcpTarget::HandleWrite(const Conn& c, const Header& h) {
+  if (h.length > wire::kMaxPayload) return c->Drop("write payload too large");
+  int device = -1;
+  StatusCode st = Check(h, &device);
+  if (st != StatusCode::kOk) {
+    FERRY_LOG_WARN("listener: write from {} rejected: {} at 0x{:x}+{}", c->peer(),
+                   StatusCodeName(st), h.addr, h.length);
+    return Discard(c, h, h.length, st, nullptr);
+  }
+  if (device >= 0) {
+    if (h.length <= staging_->buffer_bytes()) return WriteToDevice(c, h, device);
+    return Serially(c,
+                    [this, c, h, device](char* buf) { WriteToDeviceSerial(c, h, device, buf, 0); });
+  }
+  c->BeginFrame();
+  AsyncReadPayload(c->socket(), reinterpret_cast<char*>(h.addr), h.length, c->rcv_lowat(),
+                   [c, h](asio::error_code ec) {
+                     c->EndFrame();
+                     if (ec) return c->Shutdown();
+                     c->Reply({Opcode::kWriteAck, StatusCode::kOk, h.id, h.addr, 0}, nullptr);
+                     c->ReadNext();
+                   });
+}
+
+// Consumes a rejected write's payload so the stream stays in step.
+void TcpTarget::Discard(const Conn& c, const Header& h, uint64_t left, StatusCode st,
+                        std::shared_ptr<std::vector<char>> scratch) {
+  if (left == 0) {
+    c->Reply({Opcode::kWriteAck, st, h.id, h.addr, 0}, nullptr);
+    return c->ReadNext();
+  }
+  if (!scratch) scratch = std::make_shared<std::vector<char>>(64 << 10);
+  size_t n = std::min<uint64_t>(left, scratch->size());
+  c->BeginFrame();
+  asio::async_read(c->socket(), asio::buffer(scratch->data(), n),
+                   [this, c, h, left, st, scratch](auto ec, size_t got) {
+                     c->EndFrame();
+                     if (ec) return c->Shutdown();
+                     Discard(c, h, left - got, st, scratch);
+                   });
+}
+
+void TcpTarget::HandleRead(const Conn& c, const Header& h) {
+  if (h.length > wire::kMaxPayload) return c->Drop("read length too large");
+  int device = -1;
+  StatusCode st = Check(h, &device);
+  if (st != StatusCode::kOk) {
+    FERRY_LOG_WARN("listener: read from {} rejected: {} at 0x{:x}+{}", c->peer(),
+                   StatusCodeName(st), h.addr, h.length);
+    c->Reply({Opcode::kReadData, st, h.id, h.addr, 0}, nullptr);
+    return c->ReadNext();
+  }
+  if (device >= 0) {
+    if (h.length <= staging_->buffer_bytes()) return ReadFromDevice(c, h, device);
+    return Serially(c, [this, c, h, device](char* buf) {
+      ReadFromDeviceSerial(c, h, device, buf, 0, nullptr);
+    });
+  }
+  c->Reply({Opcode::kReadData, StatusCode::kOk, h.id, h.addr, h.length},
+           reinterpret_cast<const void*>(h.addr));
+  c->ReadNext();
+}
+
+// Runs `fn` on the connection's strand once a staging buffer is free. The
+// connection reads no further frame meanwhile, which bounds what it holds.
+void TcpTarget::WithStaging(const Conn& c, std::function<void(char*)> fn) {
+  if (char* buf = staging_->TryTake()) return fn(buf);
+  staging_->Take([c, fn = std::move(fn)](char* buf) mutable {
+    c->Post([buf, fn = std::move(fn)] { fn(buf); });
+  });
+}
+
+// Runs `next` on the strand once the staged copy has landed, or failed.
+// The copy is started on the landing pool when there is one, so the socket
+// threads, which bound a read's throughput, make no CUDA calls.
+void TcpTarget::CopyThen(const Conn& c, void* dst, const void* src, size_t n, int device,
+                         Next next) {
+  auto copy = [copier = copier_, dst, src, n, device,
+               done = OnStrand(c, std::move(next))]() mutable {
+    copier->CopyAsync(dst, src, n, device, nullptr, std::move(done));
+  };
+  if (landing_ == nullptr) return copy();
+  landing_->Post(std::move(copy));
+}
+
+// The same for a buffer just received; `pool` as for LandStaged.
+void TcpTarget::LandThen(const Conn& c, void* dst, const char* buf, size_t n, int device,
+                         ThreadPool* pool, Next next) {
+  LandStaged(pool, *copier_, dst, buf, n, device, nullptr, OnStrand(c, std::move(next)));
+}
+
+TcpTarget::Next TcpTarget::OnStrand(const Conn& c, Next next) {
+  return [c, next = std::move(next)](const Status& st) { c->Post([st, next] { next(st); }); };
+}
+
+// A write into GPU memory that fits one staging buffer: receive it, start
+// the copy to the device and read on; the ack goes out once it has
+// landed (R3).
+void TcpTarget::WriteToDevice(const Conn& c, const Header& h, int device) {
+  auto out = c->Reserve();
+  WithStaging(c, [this, c, h, device, out](char* buf) {
+    c->BeginFrame();
+    AsyncReadPayload(
+        c->socket(), buf, h.length, c->rcv_lowat(), [this, c, h, device, out, buf](auto ec) {
+          c->EndFrame();
+          if (ec) {
+            staging_->Give(buf);
+            return c->Shutdown();
+          }
+          LandThen(c, reinterpret_cast<void*>(h.addr), buf, h.length, device, landing_,
+                   [this, c, h, out, buf](const Status& st) {
+                     staging_->Give(buf);
+                     if (!st.ok()) {
+                       FERRY_LOG_ERROR("listener: GPU write at 0x{:x} failed: {}", h.addr,
+                                       st.ToString());
+                     }
+                     StatusCode code = st.ok() ? StatusCode::kOk : StatusCode::kInternal;
+                     c->Fill(out, {Opcode::kWriteAck, code, h.id, h.addr, 0}, nullptr);
+                   });
+          c->ReadNext();
+        });
+  });
+}
+
+// A read of GPU memory that fits one staging buffer: copy it device-to-host
+// and read on; the reply is sent, in order, once the copy has landed.
+void TcpTarget::ReadFromDevice(const Conn& c, const Header& h, int device) {
+  auto out = c->Reserve();
+  WithStaging(c, [this, c, h, device, out](char* buf) {
+    CopyThen(c, buf, reinterpret_cast<const void*>(h.addr), h.length, device,
+             [this, c, h, out, buf](const Status& st) {
+               if (!st.ok()) {
+                 staging_->Give(buf);
+                 FERRY_LOG_ERROR("listener: GPU read at 0x{:x} failed: {}", h.addr, st.ToString());
+                 return c->Fill(out, {Opcode::kReadData, StatusCode::kInternal, h.id, h.addr, 0},
+                                nullptr);
+               }
+               c->Fill(out, {Opcode::kReadData, StatusCode::kOk, h.id, h.addr, h.length}, buf,
+                       [this, buf] { staging_->Give(buf); });
+             });
+    c->ReadNext();
+  });
+}
+
+// A frame larger than a staging buffer: once the replies before it are out,
+// `piece` moves it through one buffer a piece at a time, and nothing else
+// is sent (a write's ack, a read's pieces) or read until it is done.
+void TcpTarget::Serially(const Conn& c, std::function<void(char*)> piece) {
+  c->WhenDrained([this, c, piece = std::move(piece)] {
+    WithStaging(c, [c, piece](char* buf) {
+      c->HoldReplies(true);
+      piece(buf);
+    });
+  });
+}
+
+void TcpTarget::WriteToDeviceSerial(const Conn& c, const Header& h, int device, char* buf,
+                                    uint64_t off) {
+  const size_t n = std::min<uint64_t>(h.length - off, staging_->buffer_bytes());
+  c->BeginFrame();
+  AsyncReadPayload(c->socket(), buf, n, c->rcv_lowat(), [this, c, h, device, buf, off, n](auto ec) {
+    if (ec) {
+      c->EndFrame();
+      staging_->Give(buf);
+      return c->Shutdown();
+    }
+    char* dst = reinterpret_cast<char*>(h.addr) + off;
+    // Inline: nothing else is read on this connection meanwhile.
+    LandThen(c, dst, buf, n, device, nullptr, [this, c, h, device, buf, off, n](const Status& st) {
+      c->EndFrame();
+      if (st.ok() && off + n < h.length) return WriteToDeviceSerial(c, h, device, buf, off + n);
+      staging_->Give(buf);
+      c->HoldReplies(false);
+      if (!st.ok()) {
+        FERRY_LOG_ERROR("listener: GPU write at 0x{:x} failed: {}", h.addr, st.ToString());
+        return Discard(c, h, h.length - off - n, StatusCode::kInternal, nullptr);
+      }
+      c->Reply({Opcode::kWriteAck, StatusCode::kOk, h.id, h.addr, 0}, nullptr);
+      c->ReadNext();
+    });
+  });
+}
+
+// The header goes out with the first piece, so a copy error before it can
+// still be reported; after it, the connection is closed and the peer's
+// request fails.
+void TcpTarget::ReadFromDeviceSerial(const Conn& c, const Header& h, int device, char* buf,
+                                     uint64_t off, std::shared_ptr<uint8_t[]> header) {
+  const size_t n = std::min<uint64_t>(h.length - off, staging_->buffer_bytes());
+  const char* src = reinterpret_cast<const char*>(h.addr) + off;
+  c->BeginFrame();
+  CopyThen(c, buf, src, n, device, [this, c, h, device, buf, off, n, header](const Status& st) {
+    if (!st.ok()) {
+      c->EndFrame();
+      staging_->Give(buf);
+      c->HoldReplies(false);
+      FERRY_LOG_ERROR("listener: GPU read at 0x{:x} failed: {}", h.addr, st.ToString());
+      if (off > 0) return c->Shutdown();
+      c->Reply({Opcode::kReadData, StatusCode::kInternal, h.id, h.addr, 0}, nullptr);
+      return c->ReadNext();
+    }
+    std::shared_ptr<uint8_t[]> head = header;
+    if (off == 0) {
+      head = std::make_shared<uint8_t[]>(wire::kHeaderSize);
+      wire::EncodeHeader({Opcode::kReadData, StatusCode::kOk, h.id, h.addr, h.length}, head.get());
+    }
+    std::array<asio::const_buffer, 2> bufs = {
+        asio::buffer(head.get(), off == 0 ? wire::kHeaderSize : 0), asio::buffer(buf, n)};
+    asio::async_write(c->socket(), bufs, [this, c, h, device, buf, off, n, head](auto ec, size_t) {
+      c->EndFrame();
+      if (!ec && off + n < h.length) {
+        return ReadFromDeviceSerial(c, h, device, buf, off + n, head);
+      }
+      staging_->Give(buf);
+      c->HoldReplies(false);
+      if (ec) return c->Shutdown();
+      c->ReadNext();
+    });
+  });
+}
+
+}  // namespace ferry

@@ -1,0 +1,217 @@
+// The codes and guarantees that include/ferry/engine.h documents, each
+// checked, so the header cannot drift from the code. Codes covered elsewhere:
+// RegisterMemory, UnregisterMemory's NotFound, OpenSegment's
+// InvalidArgument, Unavailable and malformed ProtocolError, and Submit's
+// whole-batch codes (bad_input_test.cc); per-request OutOfRange, Timeout,
+// ConnectionLost and PeerRestarted (engine_test.cc, bad_input_test.cc).
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "common/bytes.h"
+#include "common/clock.h"
+#include "ferry/engine.h"
+#include "gpu/gpu.h"
+#include "integration/peer.h"
+#include "integration/silent_target.h"
+#include "transfer/tcp/wire.h"
+
+namespace ferry {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+StatusCode CreateFails(EngineOptions o) {
+  auto e = Engine::Create(std::move(o));
+  return e.ok() ? StatusCode::kOk : e.status().code();
+}
+
+TEST(EngineContract, CreateRefusesWhatItCannotServe) {
+  for (const char* bad : {"bogus", "local", "cuda_ipc"}) {
+    EngineOptions o;
+    o.transport = bad;  // unknown, or not one that can be forced
+    EXPECT_EQ(CreateFails(o), StatusCode::kInvalidArgument) << bad;
+  }
+  for (const char* fine : {"", "auto", "tcp", "shm"}) {
+    EngineOptions o;
+    o.transport = fine;
+    EXPECT_EQ(CreateFails(o), StatusCode::kOk) << fine;
+  }
+  EngineOptions lanes;
+  lanes.tcp_lanes = 0;
+  EXPECT_EQ(CreateFails(lanes), StatusCode::kInvalidArgument);
+  EngineOptions host;
+  host.host = "not-an-address";
+  EXPECT_EQ(CreateFails(host), StatusCode::kInvalidArgument);
+  EngineOptions metadata;
+  metadata.metadata = "etcd://127.0.0.1:2379";
+  EXPECT_EQ(CreateFails(metadata), StatusCode::kNotSupported);
+  EngineOptions taken;
+  const int busy = test::ListenOnLoopback(&taken.port);
+  ASSERT_GE(busy, 0);
+  EXPECT_EQ(CreateFails(taken), StatusCode::kUnavailable) << "port " << taken.port;
+  close(busy);
+}
+
+TEST(EngineContract, AllocatedAndRegisteredMemoryGoTheirOwnWays) {
+  auto e = Engine::Create({}).value();
+  EXPECT_EQ(e->AllocateMemory(0).status().code(), StatusCode::kInvalidArgument);
+  auto mem = e->AllocateMemory(1 << 16);
+  ASSERT_TRUE(mem.ok());
+  std::vector<char> heap(1 << 16);
+  ASSERT_TRUE(e->RegisterMemory(heap.data(), heap.size()).ok());
+  EXPECT_EQ(e->UnregisterMemory(mem.value()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(e->FreeMemory(heap.data()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(e->FreeMemory(static_cast<char*>(mem.value()) + 1).code(), StatusCode::kNotFound);
+  // The refusals left both in place.
+  auto seg = e->OpenSegment(e->name());
+  ASSERT_TRUE(seg.ok());
+  char c = 'x';
+  EXPECT_TRUE(
+      e->Transfer({Op::kWrite, &c, seg.value(), reinterpret_cast<uint64_t>(mem.value()), 1}).ok());
+  EXPECT_TRUE(
+      e->Transfer({Op::kWrite, &c, seg.value(), reinterpret_cast<uint64_t>(heap.data()), 1}).ok());
+  ASSERT_TRUE(e->FreeMemory(mem.value()).ok());
+  EXPECT_EQ(e->FreeMemory(mem.value()).code(), StatusCode::kNotFound);
+  ASSERT_TRUE(e->UnregisterMemory(heap.data()).ok());
+  // Withdrawn: later requests fail with OutOfRange.
+  EXPECT_EQ(
+      e->Transfer({Op::kWrite, &c, seg.value(), reinterpret_cast<uint64_t>(heap.data()), 1}).code(),
+      StatusCode::kOutOfRange);
+}
+
+TEST(EngineContract, OpenSegmentTimesOutOnAPeerThatNeverAnswers) {
+  uint16_t port = 0;
+  int lfd = test::ListenOnLoopback(&port);  // the kernel accepts; nobody answers
+  ASSERT_GE(lfd, 0);
+  EngineOptions o;
+  o.connect_timeout = milliseconds(200);
+  auto e = Engine::Create(o).value();
+  auto s = e->OpenSegment("127.0.0.1:" + std::to_string(port));
+  close(lfd);
+  EXPECT_EQ(s.status().code(), StatusCode::kTimeout) << s.status().ToString();
+}
+
+// A listener that answers GetDescriptor with a descriptor of format 3, the one
+// before per-transport blobs: an old peer is refused by name.
+TEST(EngineContract, OpenSegmentRefusesAnotherDescriptorFormat) {
+  uint16_t port = 0;
+  int lfd = test::ListenOnLoopback(&port);
+  ASSERT_GE(lfd, 0);
+  std::thread fake([lfd] {
+    int fd = accept(lfd, nullptr, nullptr);
+    uint8_t in[wire::kHeaderSize];
+    recv(fd, in, sizeof(in), MSG_WAITALL);
+    std::vector<uint8_t> old;
+    ByteWriter w(&old);
+    w.U32(0x33534446);  // "FDS3"
+    w.U64(7);
+    uint8_t h[wire::kHeaderSize];
+    wire::EncodeHeader({wire::Opcode::kDescriptor, StatusCode::kOk, 1, 0, old.size()}, h);
+    send(fd, h, sizeof(h), MSG_NOSIGNAL);
+    send(fd, old.data(), old.size(), MSG_NOSIGNAL);
+    close(fd);
+  });
+  auto e = Engine::Create({}).value();
+  auto s = e->OpenSegment("127.0.0.1:" + std::to_string(port));
+  fake.join();
+  close(lfd);
+  EXPECT_EQ(s.status().code(), StatusCode::kProtocolError);
+  EXPECT_NE(s.status().message().find("format 3"), std::string::npos) << s.status().ToString();
+}
+
+// Requests a peer never answers: Wait times out while the batch goes on,
+// Result shows them running, and CloseSegment fails them with Cancelled.
+TEST(EngineContract, CloseSegmentCancelsHeldRequestsAndForgetsTheSegment) {
+  test::SilentTarget target;
+  EngineOptions o;
+  o.transport = "tcp";
+  auto e = Engine::Create(o).value();
+  auto s = e->OpenSegment(target.name());
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  std::vector<char> buf(4 * 4096);
+  std::vector<Request> reqs;
+  for (int i = 0; i < 4; ++i) {
+    reqs.push_back(
+        {Op::kRead, buf.data() + i * 4096, s.value(), test::SilentTarget::kHost + i * 4096, 4096});
+  }
+  auto b = e->Submit(reqs, seconds(60));
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b.value()->Wait(milliseconds(50)).code(), StatusCode::kTimeout);
+  EXPECT_FALSE(b.value()->Poll().done()) << "a timed-out Wait leaves the batch running";
+  EXPECT_FALSE(b.value()->Result(0).done);
+  const RequestResult past = b.value()->Result(reqs.size());
+  EXPECT_TRUE(past.done);
+  EXPECT_EQ(past.status.code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(past.transport, kNoTransport);
+
+  ASSERT_TRUE(e->CloseSegment(s.value()).ok());
+  EXPECT_EQ(b.value()->Wait(seconds(10)).code(), StatusCode::kCancelled);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(b.value()->Result(i).status.code(), StatusCode::kCancelled) << i;
+    EXPECT_EQ(b.value()->Result(i).transport, "tcp") << i;
+  }
+  EXPECT_EQ(e->Submit(reqs).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(e->CloseSegment(s.value()).code(), StatusCode::kNotFound);
+  EXPECT_EQ(e->GetSegmentInfo(s.value()).status().code(), StatusCode::kNotFound);
+}
+
+// A request that fails before a transport is chosen names none.
+TEST(EngineContract, ARequestRefusedBeforeRoutingNamesNoTransport) {
+  auto e = Engine::Create({}).value();
+  auto mem = e->AllocateMemory(4096);
+  ASSERT_TRUE(mem.ok());
+  auto s = e->OpenSegment(e->name());
+  ASSERT_TRUE(s.ok());
+  char c[16];
+  auto b = e->Submit(std::vector<Request>{{Op::kRead, c, s.value(), 0x10, sizeof(c)}});
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b.value()->Wait(seconds(10)).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(b.value()->Result(0).transport, kNoTransport);
+}
+
+// Freeing a batch whose reads are on the wire, unanswered, waits until no
+// engine thread can write into its buffers: the transport releases them at
+// their deadline. (Without that wait, a late reply would land in freed memory.)
+TEST(EngineContract, FreeingABatchWaitsForItsRequestsDeadline) {
+  test::SilentTarget target;
+  EngineOptions o;
+  o.transport = "tcp";
+  auto e = Engine::Create(o).value();
+  auto s = e->OpenSegment(target.name());
+  ASSERT_TRUE(s.ok());
+  std::vector<char> buf(4096);
+  const Millis deadline(300);
+  const auto t0 = Clock::now();
+  auto b = e->Submit(std::vector<Request>{{Op::kRead, buf.data(), s.value(),
+                                           test::SilentTarget::kHost, buf.size()}},
+                     deadline);
+  ASSERT_TRUE(b.ok());
+  for (int i = 0; i < 1000 && target.requests() < 1; ++i) std::this_thread::sleep_for(Millis(5));
+  ASSERT_EQ(target.requests(), 1) << "the read never reached the wire";
+  b.value().reset();
+  EXPECT_GE(Clock::now() - t0, deadline) << "returned while the read was still held";
+  // The engine goes on serving.
+  auto mem = e->AllocateMemory(4096);
+  ASSERT_TRUE(mem.ok());
+}
+
+TEST(EngineContract, SubmitOnStreamNeedsAGpu) {
+  if (gpu::DeviceCount() > 0) GTEST_SKIP() << "a GPU is present: tests/gpu covers the stream path";
+  auto e = Engine::Create({}).value();
+  auto mem = e->AllocateMemory(4096);
+  ASSERT_TRUE(mem.ok());
+  auto s = e->OpenSegment(e->name());
+  ASSERT_TRUE(s.ok());
+  char c[16];
+  auto b = e->SubmitOnStream(
+      std::vector<Request>{{Op::kWrite, c, s.value(), reinterpret_cast<uint64_t>(mem.value()), 16}},
+      nullptr);
+  EXPECT_EQ(b.status().code(), StatusCode::kNotSupported) << b.status().ToString();
+}
+
+}  // namespace
+}  // namespace ferry
