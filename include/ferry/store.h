@@ -85,13 +85,12 @@ struct GetOptions {
 // touches it (DESIGN.md R1, R2). Either way an event is recorded on the
 // caller's stream, and the call returns once the node has moved the bytes.
 enum class AttachReadiness : uint8_t {
-  // The calling thread waits for the event, then sends. A call blocks until
-  // the node is done anyway, and this form skips the cross-process GPU wait
-  // (measured in docs/store.md).
-  kSynchronize = 0,
   // The node's stream waits for the event on the GPU (an interprocess
   // event); neither CPU waits for the caller's GPU work.
   kGpuEvent = 1,
+  // The calling thread waits for the event, then sends, and the node's copy
+  // waits for nothing. Neither form won every size on the H200 (docs/store.md).
+  kSynchronize = 0,
 };
 
 struct StoreOptions {
@@ -111,7 +110,7 @@ struct StoreOptions {
   // Attached only: bytes of the staging area shared with the node, which bounds
   // the values a Put/Get of memory outside AllocateBuffer can move at once.
   uint64_t attach_staging = 64ull << 20;
-  AttachReadiness attach_readiness = AttachReadiness::kSynchronize;
+  AttachReadiness attach_readiness = AttachReadiness::kGpuEvent;
   // Fault injection for tests: sleep this long between a get's lookup and its
   // read, as a slow reader would.
   std::chrono::milliseconds read_delay{0};

@@ -115,7 +115,7 @@ def main() -> int:
     p.add_argument("--socket", help=argparse.SUPPRESS)
     p.add_argument("--master", help=argparse.SUPPRESS)
     p.add_argument("--embedded", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--readiness", default="sync", help=argparse.SUPPRESS)
+    p.add_argument("--readiness", default="event", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         print(json.dumps(child(args)), flush=True)
@@ -144,8 +144,8 @@ def main() -> int:
         result["no_stall_attached"] = run("no_stall")
         result["no_stall_embedded"] = run("no_stall", "--embedded")
         # Both readiness forms, and none (test-only), at 4 KiB and 16 MiB.
-        result["overhead_sync"] = run("overhead")
-        result["overhead_event"] = run("overhead", "--readiness", "event")
+        result["overhead_event"] = run("overhead")
+        result["overhead_sync"] = run("overhead", "--readiness", "sync")
         result["overhead_skipped"] = run("overhead", env={"FERRY_TEST_ATTACH_SKIP_READINESS": "1"})
         result["bandwidth_attached"] = run("bandwidth")
     finally:

@@ -106,12 +106,12 @@ class Store:
 
     @classmethod
     def attach(cls, path: str, *, timeout: float = 5.0, staging: int = 64 << 20,
-               readiness: str = "sync") -> "Store":
+               readiness: str = "event") -> "Store":
         """Attaches to the `ferry node --socket PATH` of this host: no engine and
         no port here. `timeout` bounds each call; `staging` is the area shared
         with the node for memory outside allocate_buffer. `readiness`, for CUDA
-        memory: "sync" (this thread waits for the stream's earlier work, then
-        sends; faster) or "event" (the node's stream waits for it on the GPU)."""
+        memory: "event" (the node's stream waits for the stream's earlier work
+        on the GPU; no CPU waits) or "sync" (this thread waits, then sends)."""
         if staging <= 0:
             raise InvalidArgument(f"staging must be positive, got {staging}")
         if readiness not in ("sync", "event"):

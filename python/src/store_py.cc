@@ -205,7 +205,7 @@ void RegisterStore(py::module_& m) {
                   py::arg("lease_ms") = 0, py::arg("put_timeout_ms") = 0,
                   py::arg("node_ttl_ms") = 0)
       .def_static("attach", &AttachStore, py::arg("path"), py::arg("rpc_timeout_ms") = 0,
-                  py::arg("staging_bytes") = 0, py::arg("readiness") = 0)
+                  py::arg("staging_bytes") = 0, py::arg("readiness") = 1)
       .def("close", &PyStore::Close)
       .def_property_readonly("segment", [](const PyStore& s) { return s.Get().segment(); })
       .def_property_readonly("master_address",
