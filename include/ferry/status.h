@@ -41,6 +41,51 @@ class [[nodiscard]] Status {
   Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
 
   static Status Ok() { return Status(); }
+  // One factory per error code: Status::NotFound("unknown segment 3"). The
+  // constructor stays for a code known only at run time (a decoded reply).
+  static Status InvalidArgument(std::string message) {
+    return Status(StatusCode::kInvalidArgument, std::move(message));
+  }
+  static Status NotFound(std::string message) {
+    return Status(StatusCode::kNotFound, std::move(message));
+  }
+  static Status AlreadyExists(std::string message) {
+    return Status(StatusCode::kAlreadyExists, std::move(message));
+  }
+  static Status OutOfRange(std::string message) {
+    return Status(StatusCode::kOutOfRange, std::move(message));
+  }
+  static Status Timeout(std::string message) {
+    return Status(StatusCode::kTimeout, std::move(message));
+  }
+  static Status Cancelled(std::string message) {
+    return Status(StatusCode::kCancelled, std::move(message));
+  }
+  static Status ConnectionLost(std::string message) {
+    return Status(StatusCode::kConnectionLost, std::move(message));
+  }
+  static Status ProtocolError(std::string message) {
+    return Status(StatusCode::kProtocolError, std::move(message));
+  }
+  static Status NotSupported(std::string message) {
+    return Status(StatusCode::kNotSupported, std::move(message));
+  }
+  static Status ResourceExhausted(std::string message) {
+    return Status(StatusCode::kResourceExhausted, std::move(message));
+  }
+  static Status Unavailable(std::string message) {
+    return Status(StatusCode::kUnavailable, std::move(message));
+  }
+  static Status PeerRestarted(std::string message) {
+    return Status(StatusCode::kPeerRestarted, std::move(message));
+  }
+  static Status IoError(std::string message) {
+    return Status(StatusCode::kIoError, std::move(message));
+  }
+  static Status Internal(std::string message) {
+    return Status(StatusCode::kInternal, std::move(message));
+  }
+  static Status Busy(std::string message) { return Status(StatusCode::kBusy, std::move(message)); }
   // Translates errno `err` where a system call failed; `what` names the call.
   static Status FromErrno(int err, std::string_view what);
 

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli.h"
-#include "store/client/core.h"
+#include "store/node/core.h"
 #include "store/node/attach_server.h"
 
 namespace ferry::cli {

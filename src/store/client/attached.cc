@@ -10,14 +10,14 @@
 namespace ferry::store::attached {
 
 Status NotRegistered() {
-  return Status(StatusCode::kInvalidArgument, "buffer is not inside a registered buffer");
+  return Status::InvalidArgument("buffer is not inside a registered buffer");
 }
 
 Status ReadStatus(ByteReader& r) {
   const uint8_t code = r.U8();
   std::string msg = r.Str(attach::kMaxMessage);
   if (code > static_cast<uint8_t>(kLastStatusCode)) {
-    return Status(StatusCode::kProtocolError, "node sent an unknown status code");
+    return Status::ProtocolError("node sent an unknown status code");
   }
   if (code == 0) return Status::Ok();
   return Status(static_cast<StatusCode>(code), std::move(msg));
@@ -36,7 +36,7 @@ std::vector<size_t> ValidKeys(std::span<const std::string> keys, std::vector<Sta
 Status AttachedStore::Connect() {
   sockaddr_un sa{};
   if (path_.empty() || path_.size() >= sizeof(sa.sun_path)) {
-    return Status(StatusCode::kInvalidArgument, "bad attach socket path '" + path_ + "'");
+    return Status::InvalidArgument("bad attach socket path '" + path_ + "'");
   }
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return Status::FromErrno(errno, "socket");
@@ -45,8 +45,7 @@ Status AttachedStore::Connect() {
   if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
     const int err = errno;
     close(fd);
-    return Status(StatusCode::kUnavailable,
-                  "no node to attach to at " + path_ + ": " + std::strerror(err));
+    return Status::Unavailable("no node to attach to at " + path_ + ": " + std::strerror(err));
   }
   fd_ = fd;
   std::vector<uint8_t> hello;
@@ -54,14 +53,14 @@ Status AttachedStore::Connect() {
   auto f = Call(Type::kHello, hello);
   if (!f.ok()) {
     (void)Drop(Status::Ok());
-    return Status(StatusCode::kUnavailable, "attach to " + path_ + ": " + f.status().message());
+    return Status::Unavailable("attach to " + path_ + ": " + f.status().message());
   }
   ByteReader r(f.value().payload.data(), f.value().payload.size());
   std::string segment = r.Str(attach::kMaxMessage);
   std::string master = r.Str(attach::kMaxMessage);
   (void)r.U64();  // the node's instance, for logs
   (void)r.U32();
-  if (!r.ok()) return Drop(Status(StatusCode::kProtocolError, "malformed Hello reply"));
+  if (!r.ok()) return Drop(Status::ProtocolError("malformed Hello reply"));
   segment_ = std::move(segment);
   master_ = std::move(master);
   // A new node knows none of this process's memory: share it again.
@@ -83,7 +82,7 @@ Result<uint32_t> AttachedStore::Share(const StoreMemory& mem) {
   FERRY_ASSIGN_OR_RETURN(Frame f, Call(Type::kRegister, p, mem.fd()));
   ByteReader r(f.payload.data(), f.payload.size());
   const uint32_t id = r.U32();
-  if (!r.ok()) return Drop(Status(StatusCode::kProtocolError, "malformed Register reply"));
+  if (!r.ok()) return Drop(Status::ProtocolError("malformed Register reply"));
   return id;
 }
 
@@ -98,17 +97,16 @@ Result<Frame> AttachedStore::Call(Type type, std::span<const uint8_t> payload, i
   if (st.ok()) reply = attach::Receive(fd_, deadline, Timeout());
   if (reply.ok() && reply.value().fd >= 0) {
     close(reply.value().fd);
-    reply = Status(StatusCode::kProtocolError, "the node sent a file descriptor");
+    reply = Status::ProtocolError("the node sent a file descriptor");
   }
   if (reply.ok() && (reply.value().id != id || reply.value().type != type)) {
-    reply = Status(StatusCode::kProtocolError, "the node answered another request");
+    reply = Status::ProtocolError("the node answered another request");
   }
   if (!reply.ok()) {
     const Status& e = reply.status();
     if (e.code() == StatusCode::kConnectionLost) {
-      return Drop(Status(StatusCode::kConnectionLost,
-                         "the node at " + path_ + " went away (" + e.message() +
-                             "); the next call attaches again"));
+      return Drop(Status::ConnectionLost("the node at " + path_ + " went away (" + e.message() +
+                                         "); the next call attaches again"));
     }
     return Drop(e);
   }
@@ -159,7 +157,7 @@ std::vector<Result<ObjectLocation>> AttachedStore::Locate(std::span<const std::s
       }
     }
     if (!good || !r.ok() || r.Left() != 0) {
-      Status bad = Drop(Status(StatusCode::kProtocolError, "malformed Locate reply"));
+      Status bad = Drop(Status::ProtocolError("malformed Locate reply"));
       for (size_t i : part) st[i] = bad;
     }
   }
@@ -182,7 +180,7 @@ namespace ferry {
 Result<std::unique_ptr<Store::Impl>> Store::Impl::Attach(const std::string& path,
                                                          const StoreOptions& options) {
   if (options.attach_staging == 0) {
-    return Status(StatusCode::kInvalidArgument, "attach_staging must be at least one byte");
+    return Status::InvalidArgument("attach_staging must be at least one byte");
   }
   auto s = std::make_unique<store::attached::AttachedStore>(path, options);
   FERRY_RETURN_IF_ERROR(s->Start());

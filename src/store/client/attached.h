@@ -89,14 +89,14 @@ class AttachedStore final : public Store::Impl {
 
   Status RegisterBuffer(void* data, size_t size) override {
     if (data == nullptr || size == 0) {
-      return Status(StatusCode::kInvalidArgument, "a buffer needs an address and a size");
+      return Status::InvalidArgument("a buffer needs an address and a size");
     }
     std::lock_guard lock(mu_);
     const auto a = reinterpret_cast<uint64_t>(data);
     auto next = registered_.lower_bound(a);
     if ((next != registered_.end() && next->first < a + size) ||
         (next != registered_.begin() && std::prev(next)->first + std::prev(next)->second.size > a)) {
-      return Status(StatusCode::kAlreadyExists, "the buffer overlaps a registered one");
+      return Status::AlreadyExists("the buffer overlaps a registered one");
     }
     registered_[a] = {size, nullptr, 0};
     return Status::Ok();
@@ -105,7 +105,7 @@ class AttachedStore final : public Store::Impl {
   Status UnregisterBuffer(void* data) override {
     std::lock_guard lock(mu_);
     auto it = registered_.find(reinterpret_cast<uint64_t>(data));
-    if (it == registered_.end()) return Status(StatusCode::kNotFound, "buffer is not registered");
+    if (it == registered_.end()) return Status::NotFound("buffer is not registered");
     if (it->second.mem != nullptr && fd_ >= 0) {
       std::vector<uint8_t> p;
       ByteWriter(&p).U32(it->second.id);
@@ -151,7 +151,7 @@ class AttachedStore final : public Store::Impl {
     FERRY_ASSIGN_OR_RETURN(Frame f, Call(Type::kRemoveAll, p));
     ByteReader r(f.payload.data(), f.payload.size());
     const uint64_t removed = r.U64();
-    if (!r.ok()) return Drop(Status(StatusCode::kProtocolError, "malformed RemoveAll reply"));
+    if (!r.ok()) return Drop(Status::ProtocolError("malformed RemoveAll reply"));
     return removed;
   }
 
@@ -160,7 +160,7 @@ class AttachedStore final : public Store::Impl {
     FERRY_ASSIGN_OR_RETURN(Frame f, Call(Type::kStats, {}));
     ByteReader r(f.payload.data(), f.payload.size());
     StoreStats s{r.U64(), r.U64(), r.U64(), r.U64()};
-    if (!r.ok()) return Drop(Status(StatusCode::kProtocolError, "malformed Stats reply"));
+    if (!r.ok()) return Drop(Status::ProtocolError("malformed Stats reply"));
     return s;
   }
 
@@ -227,7 +227,7 @@ inline std::vector<Status> AttachedStore::KeyOp(Type type, std::span<const std::
     const bool counted = f.ok() && r.U32() == n;
     for (size_t i : part) out[i] = !f.ok() ? f.status() : counted ? ReadStatus(r) : Status();
     if (f.ok() && (!counted || !r.ok())) {
-      Status bad = Drop(Status(StatusCode::kProtocolError, "malformed reply from the node"));
+      Status bad = Drop(Status::ProtocolError("malformed reply from the node"));
       for (size_t i : part) out[i] = bad;
     }
   }

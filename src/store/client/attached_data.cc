@@ -21,9 +21,9 @@ Status PlanGpu(std::span<const Part* const> parts, void* stream, GpuPlan* plan) 
   if (stream != nullptr) {
     FERRY_ASSIGN_OR_RETURN(bool capturing, gpu::StreamCapturing(stream));
     if (capturing) {
-      return Status(StatusCode::kNotSupported,
-                    "the stream is being captured into a CUDA graph; the store moves data "
-                    "now, so call it outside the capture");
+      return Status::NotSupported(
+          "the stream is being captured into a CUDA graph; the store moves data "
+          "now, so call it outside the capture");
     }
   }
   for (const Part* part : parts) {
@@ -31,8 +31,8 @@ Status PlanGpu(std::span<const Part* const> parts, void* stream, GpuPlan* plan) 
     const gpu::MemoryInfo info = gpu::Classify(part->data);
     if (info.kind != gpu::MemoryKind::kDevice) continue;
     if (plan->device >= 0 && info.device != plan->device) {
-      return Status(StatusCode::kInvalidArgument,
-                    "GPU memory on two devices in one call; one submission stream covers one");
+      return Status::InvalidArgument(
+          "GPU memory on two devices in one call; one submission stream covers one");
     }
     plan->device = info.device;
     plan->gpu.insert(part->data);
@@ -47,9 +47,8 @@ Status PlanGpu(std::span<const Part* const> parts, void* stream, GpuPlan* plan) 
   if (plan->device < 0 || stream == nullptr) return Status::Ok();
   FERRY_ASSIGN_OR_RETURN(int on, gpu::StreamDevice(stream));
   if (on != plan->device) {
-    return Status(StatusCode::kInvalidArgument, "the stream is on GPU " + std::to_string(on) +
-                                                    ", the memory on GPU " +
-                                                    std::to_string(plan->device));
+    return Status::InvalidArgument("the stream is on GPU " + std::to_string(on) +
+                                   ", the memory on GPU " + std::to_string(plan->device));
   }
   return Status::Ok();
 }
@@ -105,8 +104,7 @@ std::vector<Status> AttachedStore::Put(std::span<const std::string> keys,
                                        bool registered) {
   std::vector<Status> out(keys.size());
   if (values.size() != keys.size()) {
-    out.assign(keys.size(),
-               Status(StatusCode::kInvalidArgument, "keys and values differ in count"));
+    out.assign(keys.size(), Status::InvalidArgument("keys and values differ in count"));
     return out;
   }
   std::lock_guard lock(mu_);
@@ -119,8 +117,8 @@ std::vector<Status> AttachedStore::Put(std::span<const std::string> keys,
     const std::vector<Part>& parts = values[i].parts;
     out[i] = store::CheckKey(keys[i]);
     if (out[i].ok() && (parts.empty() || parts.size() > attach::kMaxParts)) {
-      out[i] = Status(StatusCode::kInvalidArgument,
-                      "a value needs 1 to " + std::to_string(attach::kMaxParts) + " buffers");
+      out[i] = Status::InvalidArgument("a value needs 1 to " + std::to_string(attach::kMaxParts) +
+                                       " buffers");
     }
     for (size_t k = 0; out[i].ok() && registered && k < parts.size(); ++k) {
       if (Containing(registered_, parts[k].data, parts[k].size) == registered_.end()) {
@@ -162,7 +160,7 @@ std::vector<Status> AttachedStore::Put(std::span<const std::string> keys,
     const bool counted = f.ok() && r.U32() == batch.size();
     for (size_t i : batch) out[i] = !f.ok() ? f.status() : counted ? ReadStatus(r) : Status();
     if (f.ok() && (!counted || !r.ok())) {
-      Status bad = Drop(Status(StatusCode::kProtocolError, "malformed Put reply from the node"));
+      Status bad = Drop(Status::ProtocolError("malformed Put reply from the node"));
       for (size_t i : batch) out[i] = bad;
     }
     batch.clear();
@@ -185,10 +183,12 @@ std::vector<Status> AttachedStore::Put(std::span<const std::string> keys,
       if (!by_ref) staged += part.size;
     }
     if (staged > cap) {
-      out[i] = Status(StatusCode::kInvalidArgument,
-                      "a value of " + std::to_string(staged) + " bytes exceeds the attach "
-                      "staging area of " + std::to_string(cap) +
-                          " bytes; put it from AllocateBuffer memory or raise attach_staging");
+      out[i] = Status::InvalidArgument(
+          "a value of " + std::to_string(staged) +
+          " bytes exceeds the attach "
+          "staging area of " +
+          std::to_string(cap) +
+          " bytes; put it from AllocateBuffer memory or raise attach_staging");
       continue;
     }
     if (cap - used < staged) flush();
@@ -233,8 +233,8 @@ std::vector<Result<size_t>> AttachedStore::Get(std::span<const std::string> keys
   for (size_t i = 0; i < keys.size(); ++i) {
     st[i] = store::CheckKey(keys[i]);
     if (st[i].ok() && sinks[i].parts.size() > attach::kMaxParts) {
-      st[i] = Status(StatusCode::kInvalidArgument,
-                     "at most " + std::to_string(attach::kMaxParts) + " buffers per value");
+      st[i] = Status::InvalidArgument("at most " + std::to_string(attach::kMaxParts) +
+                                      " buffers per value");
     }
     for (size_t k = 0; st[i].ok() && registered && k < sinks[i].parts.size(); ++k) {
       const Part& part = sinks[i].parts[k];
@@ -249,7 +249,7 @@ std::vector<Result<size_t>> AttachedStore::Get(std::span<const std::string> keys
   if (options.expect_prefix.size() > attach::kMaxMessage) {
     std::vector<Result<size_t>> out;
     for (size_t i = 0; i < keys.size(); ++i) {
-      out.push_back(Status(StatusCode::kInvalidArgument, "at most 4096 expected bytes"));
+      out.push_back(Status::InvalidArgument("at most 4096 expected bytes"));
     }
     return out;
   }
@@ -318,7 +318,7 @@ std::vector<Result<size_t>> AttachedStore::Get(std::span<const std::string> keys
       if (std::get<1>(got.back()).ok() && direct[batch[k]].empty()) placed_any = true;
     }
     if (!counted || !r.ok() || r.Left() != 0) {
-      Status bad = Drop(Status(StatusCode::kProtocolError, "malformed Get reply from the node"));
+      Status bad = Drop(Status::ProtocolError("malformed Get reply from the node"));
       for (size_t i : batch) st[i] = bad;
       pending = std::move(later);
       continue;
@@ -332,10 +332,12 @@ std::vector<Result<size_t>> AttachedStore::Get(std::span<const std::string> keys
       }
       if (s.code() == StatusCode::kOutOfRange) {
         if (size > cap) {
-          st[i] = Status(StatusCode::kOutOfRange,
-                         "a value of " + std::to_string(size) + " bytes exceeds the attach "
-                         "staging area of " + std::to_string(cap) +
-                             " bytes; get it into AllocateBuffer memory or raise attach_staging");
+          st[i] = Status::OutOfRange(
+              "a value of " + std::to_string(size) +
+              " bytes exceeds the attach "
+              "staging area of " +
+              std::to_string(cap) +
+              " bytes; get it into AllocateBuffer memory or raise attach_staging");
         } else if (placed_any) {
           retry.push_back(i);
         } else {
@@ -344,7 +346,7 @@ std::vector<Result<size_t>> AttachedStore::Get(std::span<const std::string> keys
         continue;
       }
       if (off > cap || size > cap - off) {
-        st[i] = Drop(Status(StatusCode::kProtocolError, "the node placed a value outside staging"));
+        st[i] = Drop(Status::ProtocolError("the node placed a value outside staging"));
         continue;
       }
       Sink& sink = sinks[i];
@@ -352,13 +354,12 @@ std::vector<Result<size_t>> AttachedStore::Get(std::span<const std::string> keys
         try {
           sink.vec->assign(staging + off, staging + off + size);
         } catch (const std::bad_alloc&) {
-          st[i] = Status(StatusCode::kResourceExhausted,
-                         "cannot allocate " + std::to_string(size) + " bytes for the value");
+          st[i] = Status::ResourceExhausted("cannot allocate " + std::to_string(size) +
+                                            " bytes for the value");
         }
       } else if (const size_t room = store::TotalSize(sink.parts); room < size) {
-        st[i] = Status(StatusCode::kOutOfRange, "buffer of " + std::to_string(room) +
-                                                    " bytes; the value has " +
-                                                    std::to_string(size));
+        st[i] = Status::OutOfRange("buffer of " + std::to_string(room) + " bytes; the value has " +
+                                   std::to_string(size));
       } else {
         // The parts in order, as the value's bytes; GPU ones on the stream.
         uint64_t done = 0;

@@ -9,9 +9,9 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "store/client/core.h"
 #include "store/client/store_impl.h"
 #include "store/master/service.h"
+#include "store/node/core.h"
 #include "store/node/node.h"
 #include "store/rpc/master_client.h"
 
@@ -22,7 +22,7 @@ using store::Sink;
 using store::Source;
 
 Status NotRegistered() {
-  return Status(StatusCode::kInvalidArgument, "buffer is not inside a registered buffer");
+  return Status::InvalidArgument("buffer is not inside a registered buffer");
 }
 
 class EmbeddedStore final : public Store::Impl {
@@ -38,7 +38,7 @@ class EmbeddedStore final : public Store::Impl {
 
   static Result<std::unique_ptr<Store::Impl>> Create(const StoreOptions& options) {
     if (options.replicas == 0) {
-      return Status(StatusCode::kInvalidArgument, "replicas must be at least 1");
+      return Status::InvalidArgument("replicas must be at least 1");
     }
     auto s = std::make_unique<EmbeddedStore>();
     if (options.master.empty()) {
@@ -150,7 +150,7 @@ StoreMemory::~StoreMemory() {
 }
 
 Result<std::shared_ptr<StoreMemory>> StoreMemory::Create(size_t size) {
-  if (size == 0) return Status(StatusCode::kInvalidArgument, "a buffer needs at least one byte");
+  if (size == 0) return Status::InvalidArgument("a buffer needs at least one byte");
   int fd = memfd_create("ferry-store-buffer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return Status::FromErrno(errno, "memfd_create");
   if (ftruncate(fd, static_cast<off_t>(size)) != 0) {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "ferry/store.h"
-#include "store/client/core.h"
+#include "store/node/core.h"
 
 namespace ferry {
 

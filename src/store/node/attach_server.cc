@@ -18,7 +18,7 @@
 #include "common/thread_name.h"
 #include "gpu/gpu.h"
 #include "gpu/interprocess.h"
-#include "store/client/core.h"
+#include "store/node/core.h"
 #include "store/rpc/attach_wire.h"
 
 namespace ferry::store {
@@ -39,7 +39,7 @@ struct Mapping {
   }
 };
 
-Status Bad(const std::string& what) { return Status(StatusCode::kInvalidArgument, what); }
+Status Bad(const std::string& what) { return Status::InvalidArgument(what); }
 
 // Maps a client's memfd of `size` bytes: it must be a memfd that cannot
 // shrink under the mapping, and at least that large.
@@ -126,8 +126,8 @@ constexpr size_t kMaxImports = 256;
 Status CountOf(ByteReader& r, uint32_t* n) {
   *n = r.U32();
   if (!r.ok() || *n == 0 || *n > attach::kMaxItems) {
-    return Status(StatusCode::kProtocolError,
-                  "a request needs 1 to " + std::to_string(attach::kMaxItems) + " items");
+    return Status::ProtocolError("a request needs 1 to " + std::to_string(attach::kMaxItems) +
+                                 " items");
   }
   return Status::Ok();
 }
@@ -143,9 +143,8 @@ Status Session::ReadParts(ByteReader& r, uint32_t min_parts, int gpu_device,
                           std::vector<Part>* parts) {
   const uint32_t n = r.U32();
   if (!r.ok() || n < min_parts || n > attach::kMaxParts) {
-    return Status(StatusCode::kProtocolError, "an item needs " + std::to_string(min_parts) +
-                                                  " to " + std::to_string(attach::kMaxParts) +
-                                                  " parts");
+    return Status::ProtocolError("an item needs " + std::to_string(min_parts) + " to " +
+                                 std::to_string(attach::kMaxParts) + " parts");
   }
   Status st;
   for (uint32_t k = 0; k < n && r.ok(); ++k) {
@@ -167,7 +166,7 @@ Status Session::ReadParts(ByteReader& r, uint32_t min_parts, int gpu_device,
       if (!p.ok()) st = p.status();
       parts->push_back({p.ok() ? p.value() : nullptr, len});
     } else {
-      return Status(StatusCode::kProtocolError, "unknown part kind " + std::to_string(kind));
+      return Status::ProtocolError("unknown part kind " + std::to_string(kind));
     }
   }
   return st;
@@ -179,7 +178,7 @@ Status Session::ReadReadiness(ByteReader& r, int* device, void** stream) {
   *stream = nullptr;
   if (!r.ok() || (!event.empty() && event.size() != gpu::kIpcHandleBytes) ||
       (*device < 0 && !event.empty())) {
-    return Status(StatusCode::kProtocolError, "malformed GPU readiness");
+    return Status::ProtocolError("malformed GPU readiness");
   }
   if (*device < 0) return Status::Ok();
   if (*device >= gpu::DeviceCount()) return Bad("no GPU " + std::to_string(*device) + " here");
@@ -235,7 +234,7 @@ void Session::Run(bool admitted, const std::string& refusal) {
   const Deadline send_by = Deadline::After(o_.frame_timeout);
   if (!admitted) {
     (void)attach::Send(fd_, Type::kHello, hello.value().id, 0, StatusCode::kUnavailable,
-                       attach::MessagePayload(Status(StatusCode::kUnavailable, refusal)), send_by);
+                       attach::MessagePayload(Status::Unavailable(refusal)), send_by);
     return;
   }
   std::vector<uint8_t> out;
@@ -258,7 +257,7 @@ void Session::Run(bool admitted, const std::string& refusal) {
     }
     const Frame& req = f.value();
     std::vector<uint8_t> reply;
-    Status st = Status(StatusCode::kProtocolError, "a request carries status code 0");
+    Status st = Status::ProtocolError("a request carries status code 0");
     if (req.code == StatusCode::kOk) st = Handle(req, &reply);
     if (req.fd >= 0) close(req.fd);  // a Register has taken its own copy
     if (!st.ok()) reply = attach::MessagePayload(st);
@@ -274,9 +273,9 @@ void Session::Run(bool admitted, const std::string& refusal) {
 
 Status Session::Handle(const Frame& f, std::vector<uint8_t>* reply) {
   if (f.fd >= 0 && f.type != Type::kRegister) {
-    return Status(StatusCode::kProtocolError, "a file descriptor came with a non-Register frame");
+    return Status::ProtocolError("a file descriptor came with a non-Register frame");
   }
-  if (f.deadline_ms == 0) return Status(StatusCode::kProtocolError, "a request needs a deadline");
+  if (f.deadline_ms == 0) return Status::ProtocolError("a request needs a deadline");
   ByteReader r(f.payload.data(), f.payload.size());
   ByteWriter w(reply);
   Status st;
@@ -286,7 +285,7 @@ Status Session::Handle(const Frame& f, std::vector<uint8_t>* reply) {
       break;
     case Type::kUnregister: {
       const uint32_t id = r.U32();
-      if (r.ok() && buffers_.erase(id) == 0) st = Status(StatusCode::kNotFound, "unknown buffer");
+      if (r.ok() && buffers_.erase(id) == 0) st = Status::NotFound("unknown buffer");
       break;
     }
     case Type::kPut:
@@ -319,21 +318,21 @@ Status Session::Handle(const Frame& f, std::vector<uint8_t>* reply) {
       break;
     }
     case Type::kHello:
-      return Status(StatusCode::kProtocolError, "a second Hello");
+      return Status::ProtocolError("a second Hello");
   }
   if (st.code() != StatusCode::kProtocolError && (!r.ok() || r.Left() != 0)) {
-    return Status(StatusCode::kProtocolError, "malformed attach request payload");
+    return Status::ProtocolError("malformed attach request payload");
   }
   return st;
 }
 
 Status Session::Register(int fd, ByteReader& r, ByteWriter& w) {
   const uint64_t size = r.U64();
-  if (!r.ok() || r.Left() != 0) return Status(StatusCode::kProtocolError, "malformed Register");
+  if (!r.ok() || r.Left() != 0) return Status::ProtocolError("malformed Register");
   if (fd < 0) return Bad("a Register request needs a memfd (SCM_RIGHTS)");
   if (buffers_.size() >= o_.max_buffers_per_client) {
-    return Status(StatusCode::kResourceExhausted,
-                  "at most " + std::to_string(o_.max_buffers_per_client) + " buffers per client");
+    return Status::ResourceExhausted("at most " + std::to_string(o_.max_buffers_per_client) +
+                                     " buffers per client");
   }
   FERRY_ASSIGN_OR_RETURN(uint8_t * p, MapClientMemfd(fd, size));
   if (Status st = core_.Register(p, size); !st.ok()) {
@@ -366,7 +365,7 @@ Status Session::Put(ByteReader& r, ByteWriter& w) {
     pre[i] = ReadParts(r, 1, device, &src[i].parts);
     if (pre[i].code() == StatusCode::kProtocolError) return pre[i];
   }
-  if (!r.ok() || r.Left() != 0) return Status(StatusCode::kProtocolError, "malformed Put");
+  if (!r.ok() || r.Left() != 0) return Status::ProtocolError("malformed Put");
   auto out = core_.Put(keys, src, po, std::move(pre));
   w.U32(n);
   for (const Status& st : out) PutStatus(w, st);
@@ -404,7 +403,7 @@ Status Session::Get(ByteReader& r, ByteWriter& w) {
     }
     if (!bad[i].ok()) sinks[i] = Sink{};
   }
-  if (!r.ok() || r.Left() != 0) return Status(StatusCode::kProtocolError, "malformed Get");
+  if (!r.ok() || r.Left() != 0) return Status::ProtocolError("malformed Get");
   auto out = core_.Get(keys, sinks, stream, expect);
   w.U32(n);
   for (uint32_t i = 0; i < n; ++i) {
@@ -429,7 +428,7 @@ Status Session::KeyOp(Type type, ByteReader& r, ByteWriter& w) {
   uint32_t n = 0;
   FERRY_RETURN_IF_ERROR(CountOf(r, &n));
   auto keys = Keys(r, n);
-  if (!r.ok() || r.Left() != 0) return Status(StatusCode::kProtocolError, "malformed request");
+  if (!r.ok() || r.Left() != 0) return Status::ProtocolError("malformed request");
   std::vector<Status> out;
   if (type == Type::kExists) {
     out = core_.Exists(keys);
@@ -448,7 +447,7 @@ Status Session::Locate(ByteReader& r, ByteWriter& w) {
   uint32_t n = 0;
   FERRY_RETURN_IF_ERROR(CountOf(r, &n));
   auto keys = Keys(r, n);
-  if (!r.ok() || r.Left() != 0) return Status(StatusCode::kProtocolError, "malformed Locate");
+  if (!r.ok() || r.Left() != 0) return Status::ProtocolError("malformed Locate");
   auto out = core_.Locate(keys);
   w.U32(n);
   for (const auto& loc : out) {
@@ -480,7 +479,7 @@ Result<std::unique_ptr<AttachServer>> AttachServer::Start(StoreCore& core, Attac
   struct stat sb {};
   if (lstat(options.path.c_str(), &sb) == 0) {
     if (!S_ISSOCK(sb.st_mode)) {
-      return Status(StatusCode::kAlreadyExists, options.path + " exists and is not a socket");
+      return Status::AlreadyExists(options.path + " exists and is not a socket");
     }
     unlink(options.path.c_str());  // a stale socket of an earlier node
   }

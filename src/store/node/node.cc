@@ -15,10 +15,10 @@ StoreNode::StoreNode(Engine& engine, NodeOptions options, std::unique_ptr<Master
 Result<std::unique_ptr<StoreNode>> StoreNode::Start(Engine& engine, const NodeOptions& options,
                                                     bool wait_for_mount) {
   if (options.segments < 1 || options.segments > 64 || options.segment_size < 4096) {
-    return Status(StatusCode::kInvalidArgument, "a node needs 1 to 64 segments of at least 4 KiB");
+    return Status::InvalidArgument("a node needs 1 to 64 segments of at least 4 KiB");
   }
   if (options.heartbeat.count() <= 0) {
-    return Status(StatusCode::kInvalidArgument, "heartbeat period must be positive");
+    return Status::InvalidArgument("heartbeat period must be positive");
   }
   FERRY_ASSIGN_OR_RETURN(auto client, MasterClient::Connect(options.master, options.rpc_timeout));
   std::unique_ptr<StoreNode> node(new StoreNode(engine, options, std::move(client)));

@@ -1,4 +1,4 @@
-#include "store/client/core.h"
+#include "store/node/core.h"
 
 #include <cstring>
 
@@ -6,13 +6,13 @@
 #include "common/log.h"
 #include "common/thread_name.h"
 #include "gpu/gpu.h"
-#include "store/master/master.h"
 #include "store/node/node.h"
+#include "store/rpc/limits.h"
 
 namespace ferry::store {
 namespace {
 
-// The keys that pass Master::CheckKey, to send to the master: ask[j] is
+// The keys that pass CheckKey, to send to the master: ask[j] is
 // keys[index[j]].
 struct ValidKeys {
   std::vector<std::string> ask;
@@ -24,7 +24,7 @@ ValidKeys CheckKeys(std::span<const std::string> keys, std::vector<Status>* st) 
   ValidKeys v;
   st->resize(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
-    (*st)[i] = Master::CheckKey(keys[i]);
+    (*st)[i] = CheckKey(keys[i]);
     if ((*st)[i].ok()) {
       v.ask.push_back(keys[i]);
       v.index.push_back(i);
@@ -86,7 +86,7 @@ void RunBatch(Engine& engine, const std::vector<Request>& reqs, Deadline deadlin
   for (size_t i = 0; i < reqs.size(); ++i) {
     RequestResult r = batch.value()->Result(i);
     if (!r.done) {
-      (*out)[i] = Status(StatusCode::kTimeout, "transfer not done before the deadline");
+      (*out)[i] = Status::Timeout("transfer not done before the deadline");
     } else if (!r.status.ok()) {
       (*out)[i] = r.status;
     }
@@ -230,7 +230,7 @@ void StoreCore::CopyLocal(std::span<const LocalCopy> copies, Op op, std::vector<
   uint64_t bytes = 0;
   for (const LocalCopy& c : copies) bytes += c.length;
   // GPU memory is the engine's to copy (R1-R3), whatever the size.
-  Result<SegmentId> self = Status(StatusCode::kNotFound, "inline");
+  Result<SegmentId> self = Status::NotFound("inline");
   if (bytes >= kEngineCopyBytes || AnyGpu(copies, op)) self = Segment(engine_.name());
   for (const LocalCopy& c : copies) {
     if (!self.ok()) {
@@ -254,17 +254,16 @@ std::vector<Status> StoreCore::Put(std::span<const std::string> keys,
                                    std::vector<Status> out) {
   out.resize(keys.size());
   if (values.size() != keys.size()) {
-    out.assign(keys.size(),
-               Status(StatusCode::kInvalidArgument, "keys and values differ in count"));
+    out.assign(keys.size(), Status::InvalidArgument("keys and values differ in count"));
     return out;
   }
   std::vector<PutRequestItem> items;
   std::vector<size_t> index;  // items[j] is keys[index[j]]
   for (size_t i = 0; i < keys.size(); ++i) {
     if (!out[i].ok()) continue;
-    out[i] = Master::CheckKey(keys[i]);
+    out[i] = CheckKey(keys[i]);
     const size_t size = TotalSize(values[i].parts);
-    if (out[i].ok() && size == 0) out[i] = Status(StatusCode::kInvalidArgument, "empty value");
+    if (out[i].ok() && size == 0) out[i] = Status::InvalidArgument("empty value");
     if (!out[i].ok()) continue;
     PutRequestItem it;
     it.key = keys[i];
@@ -356,9 +355,8 @@ Status StoreCore::ReadPrefix(const StoreReplica& rep, size_t n, Deadline deadlin
   return st;
 }
 
-std::vector<Result<size_t>> StoreCore::Get(std::span<const std::string> keys,
-                                           std::span<Sink> sinks, void* stream,
-                                           std::string_view expect) {
+std::vector<Result<size_t>> StoreCore::Get(std::span<const std::string> keys, std::span<Sink> sinks,
+                                           void* stream, std::string_view expect) {
   std::vector<Status> st;
   const auto [ask, index] = CheckKeys(keys, &st);
   std::vector<uint64_t> sizes(keys.size(), 0);
@@ -388,23 +386,22 @@ std::vector<Result<size_t>> StoreCore::Get(std::span<const std::string> keys,
       try {
         s.vec->resize(loc.size);
       } catch (const std::bad_alloc&) {
-        st[i] = Status(StatusCode::kResourceExhausted,
-                       "cannot allocate " + std::to_string(loc.size) + " bytes for the value");
+        st[i] = Status::ResourceExhausted("cannot allocate " + std::to_string(loc.size) +
+                                          " bytes for the value");
         continue;
       }
       dst[j] = {Part{s.vec->data(), loc.size}};
     } else if (s.pack != nullptr) {
       if (s.pack->cap - s.pack->used < loc.size) {
-        st[i] = Status(StatusCode::kOutOfRange, "no room left for the value's " +
-                                                    std::to_string(loc.size) + " bytes");
+        st[i] = Status::OutOfRange("no room left for the value's " + std::to_string(loc.size) +
+                                   " bytes");
         continue;
       }
       s.parts = dst[j] = {Part{s.pack->base + s.pack->used, loc.size}};
       s.pack->used += loc.size;
     } else if (const size_t cap = TotalSize(s.parts); cap < loc.size) {
-      st[i] =
-          Status(StatusCode::kOutOfRange, "buffer of " + std::to_string(cap) +
-                                              " bytes; the value has " + std::to_string(loc.size));
+      st[i] = Status::OutOfRange("buffer of " + std::to_string(cap) + " bytes; the value has " +
+                                 std::to_string(loc.size));
       continue;
     } else {
       dst[j] = s.parts;
@@ -426,7 +423,7 @@ std::vector<Result<size_t>> StoreCore::Get(std::span<const std::string> keys,
   for (size_t j = 0; j < found.size(); ++j) {
     if (!st[index[j]].ok()) continue;
     if (deadline.Expired()) {
-      st[index[j]] = Status(StatusCode::kTimeout, "the lease ended before the read began");
+      st[index[j]] = Status::Timeout("the lease ended before the read began");
       continue;
     }
     if (!expect.empty()) {
@@ -434,12 +431,11 @@ std::vector<Result<size_t>> StoreCore::Get(std::span<const std::string> keys,
       std::string prefix;
       Status& s = st[index[j]];
       if (found[j].location.size < expect.size()) {
-        s = Status(StatusCode::kInvalidArgument, "the value is shorter than the expected bytes");
+        s = Status::InvalidArgument("the value is shorter than the expected bytes");
       } else if (s = ReadPrefix(found[j].location.replicas[order[j][0]], expect.size(), deadline,
                                 &prefix);
                  s.ok() && prefix != expect) {
-        s = Status(StatusCode::kInvalidArgument,
-                   "the value does not begin with the expected bytes");
+        s = Status::InvalidArgument("the value does not begin with the expected bytes");
       }
       if (!s.ok()) continue;
     }
@@ -493,8 +489,7 @@ std::vector<Result<size_t>> StoreCore::Get(std::span<const std::string> keys,
   out.reserve(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     if (st[i].ok() && late) {
-      st[i] = Status(StatusCode::kTimeout,
-                     "the read outlived its lease; the bytes may have been reused");
+      st[i] = Status::Timeout("the read outlived its lease; the bytes may have been reused");
     }
     out.push_back(st[i].ok() ? Result<size_t>(sizes[i]) : Result<size_t>(st[i]));
   }
@@ -507,14 +502,12 @@ std::vector<Status> StoreCore::Exists(std::span<const std::string> keys) {
 
 std::vector<Status> StoreCore::Remove(std::span<const std::string> keys, bool force) {
   FlushReleases();  // this core's finished reads no longer hold the keys
-  return KeyCall(keys,
-                 [&](const std::vector<std::string>& k) { return client_.Remove(k, force); });
+  return KeyCall(keys, [&](const std::vector<std::string>& k) { return client_.Remove(k, force); });
 }
 
 std::vector<Status> StoreCore::Pin(std::span<const std::string> keys, StorePin pin,
                                    std::chrono::milliseconds ttl) {
-  return KeyCall(keys,
-                 [&](const std::vector<std::string>& k) { return client_.Pin(k, pin, ttl); });
+  return KeyCall(keys, [&](const std::vector<std::string>& k) { return client_.Pin(k, pin, ttl); });
 }
 
 std::vector<Result<ObjectLocation>> StoreCore::Locate(std::span<const std::string> keys) {
