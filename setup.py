@@ -5,6 +5,7 @@ Environment: FERRY_CMAKE_ARGS (extra configure arguments, e.g.
 "-DFERRY_WITH_CUDA=OFF"), FERRY_BUILD_JOBS (default: all cores).
 """
 
+import ast
 import os
 import shlex
 import shutil
@@ -16,6 +17,16 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
+
+
+def version() -> str:
+    """__version__ from python/ferry/_version.py, read without importing ferry
+    (which needs the extension this builds)."""
+    tree = ast.parse((ROOT / "python" / "ferry" / "_version.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [t.id for t in node.targets] == ["__version__"]:
+            return ast.literal_eval(node.value)
+    raise RuntimeError("python/ferry/_version.py sets no __version__")
 
 
 class CMakeBuild(build_ext):
@@ -48,8 +59,10 @@ class CMakeBuild(build_ext):
 
 
 setup(
+    version=version(),
     packages=["ferry", "ferry.compat"],
     package_dir={"": "python"},
+    package_data={"ferry": ["py.typed"]},  # PEP 561: the package ships its types
     ext_modules=[Extension("ferry._ferry", sources=[])],
     cmdclass={"build_ext": CMakeBuild},
     # build/ is the CMake build directory of `make`.

@@ -105,7 +105,8 @@ class Engine {
  public:
   // Starts the listener and the engine's threads. Unavailable if the address
   // cannot be bound; InvalidArgument for a malformed host, tcp options out of
-  // range or a transport that cannot be forced (EngineOptions::transport);
+  // range, a transport that cannot be forced (EngineOptions::transport) or a
+  // malformed FERRY_* environment variable (named in the message);
   // NotSupported for an unknown metadata mode.
   static Result<std::unique_ptr<Engine>> Create(EngineOptions options);
   ~Engine();

@@ -111,9 +111,6 @@ struct StoreOptions {
   // the values a Put/Get of memory outside AllocateBuffer can move at once.
   uint64_t attach_staging = 64ull << 20;
   AttachReadiness attach_readiness = AttachReadiness::kGpuEvent;
-  // Fault injection for tests: sleep this long between a get's lookup and its
-  // read, as a slow reader would.
-  std::chrono::milliseconds read_delay{0};
 };
 
 // A caller's buffer for PutFrom/GetInto.
@@ -253,10 +250,12 @@ class Store {
   std::vector<Status> BatchPin(std::span<const std::string> keys, StorePin pin,
                                std::chrono::milliseconds ttl = {});
 
+  // What a Store forwards to; made only by Ferry's own factories (Create,
+  // Attach, and the test hooks of store/client/testing.h).
   class Impl;
+  explicit Store(std::unique_ptr<Impl> impl);
 
  private:
-  explicit Store(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -15,8 +15,9 @@ Mooncake users: `from ferry.compat.mooncake import TransferEngine`.
 
 from . import _ferry  # noqa: F401  (the extension; fails early if it is missing)
 from . import errors
+from ._version import __version__
 from .buffers import Buffer, resolve
-from .engine import (READ, WRITE, BatchStatus, BufferInfo, Read, Request, RequestResult,
+from .engine import (READ, WRITE, BatchStatus, BufferInfo, Op, Read, Request, RequestResult,
                      Segment, SegmentInfo, Transfer, TransferEngine, Write)
 from .errors import (AlreadyExists, Busy, Cancelled, ConnectionLost, FerryError, Internal,
                      InvalidArgument, IoError, NotFound, NotSupported, OutOfRange,
@@ -25,6 +26,7 @@ from .errors import (AlreadyExists, Busy, Cancelled, ConnectionLost, FerryError,
 from .store import Store
 
 __all__ = [
-    "READ", "WRITE", "BatchStatus", "Buffer", "BufferInfo", "Read", "Request", "RequestResult",
-    "Segment", "SegmentInfo", "Store", "Transfer", "TransferEngine", "Write", "resolve",
+    "READ", "WRITE", "BatchStatus", "Buffer", "BufferInfo", "Op", "Read", "Request",
+    "RequestResult", "Segment", "SegmentInfo", "Store", "Transfer", "TransferEngine", "Write",
+    "__version__", "resolve",
 ] + errors.__all__

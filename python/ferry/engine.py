@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import enum
 from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple, Optional, Sequence, Union
 
@@ -15,7 +16,16 @@ from . import _ferry
 from .buffers import Buffer, resolve, stream_handle
 from .errors import InvalidArgument, error_class
 
-READ, WRITE = 0, 1
+
+class Op(enum.IntEnum):
+    """A request's direction. Plain ints (0, 1) are accepted wherever an Op is."""
+
+    READ = 0
+    WRITE = 1
+
+
+READ, WRITE = Op.READ, Op.WRITE
+
 # Wait in slices so that Ctrl-C is seen; requests carry their own deadlines.
 _WAIT_SLICE_MS = 1000
 
@@ -56,7 +66,7 @@ class Request(NamedTuple):
     a virtual address inside the target's registered memory; `length`: defaults
     to the whole local buffer."""
 
-    op: int
+    op: Union[Op, int]
     local: Any
     segment: Union[Segment, str, int]
     remote: int
@@ -266,15 +276,19 @@ class TransferEngine:
         """Writes `local` to `remote`; returns once the target has applied it."""
         self._sync([Write(local, segment, remote, length)], timeout, stream, already_ready)
 
-    def read_async(self, segment: Union[Segment, str, int], local: Any, remote: int,
-                   **kwargs: Any) -> Transfer:
-        length = kwargs.pop("length", None)
-        return self.submit([Read(local, segment, remote, length)], **kwargs)
+    def read_async(self, segment: Union[Segment, str, int], local: Any, remote: int, *,
+                   length: Optional[int] = None, timeout: Optional[float] = None,
+                   stream: Any = None, already_ready: bool = False) -> Transfer:
+        """read() that returns at once: wait on, poll or `await` the Transfer."""
+        return self.submit([Read(local, segment, remote, length)], timeout=timeout,
+                           stream=stream, already_ready=already_ready)
 
-    def write_async(self, segment: Union[Segment, str, int], local: Any, remote: int,
-                    **kwargs: Any) -> Transfer:
-        length = kwargs.pop("length", None)
-        return self.submit([Write(local, segment, remote, length)], **kwargs)
+    def write_async(self, segment: Union[Segment, str, int], local: Any, remote: int, *,
+                    length: Optional[int] = None, timeout: Optional[float] = None,
+                    stream: Any = None, already_ready: bool = False) -> Transfer:
+        """write() that returns at once: wait on, poll or `await` the Transfer."""
+        return self.submit([Write(local, segment, remote, length)], timeout=timeout,
+                           stream=stream, already_ready=already_ready)
 
     def transfer(self, requests: Sequence[Request], *, timeout: Optional[float] = None,
                  stream: Any = None, already_ready: bool = False) -> None:

@@ -373,50 +373,50 @@ class Store:
 
     def put_tensor(self, key: Key, t: Any, **options: Any) -> None:
         """Stores `t` (made contiguous, a copy, if it is not) with its header."""
-        from . import tensor
-        tensor.put_tensor(self, key, t, **options)
+        from . import tensor_store
+        tensor_store.put_tensor(self, key, t, **options)
 
     def get_tensor(self, key: Key, device: Any = None) -> Any:
         """A new numpy array; with `device` ("cpu" for now), a torch tensor on it.
         ProtocolError if the object is not a valid tensor object."""
-        from . import tensor
-        return tensor.get_tensor(self, key, device)
+        from . import tensor_store
+        return tensor_store.get_tensor(self, key, device)
 
     def get_tensor_into(self, key: Key, t: Any) -> Any:
         """Reads into `t` (contiguous, writable) and returns it. InvalidArgument, with
         `t` untouched, unless its dtype, shape and byte count match the object's."""
-        from . import tensor
-        return tensor.get_tensor_into(self, key, t)
+        from . import tensor_store
+        return tensor_store.get_tensor_into(self, key, t)
 
     def batch_put_tensor(self, keys: Sequence[Key], tensors: Sequence[Any],
                          **options: Any) -> list[Optional[FerryError]]:
-        from . import tensor
-        return tensor.batch_put_tensor(self, keys, tensors, **options)
+        from . import tensor_store
+        return tensor_store.batch_put_tensor(self, keys, tensors, **options)
 
     def batch_get_tensor(self, keys: Sequence[Key],
                          device: Any = None) -> list[Union[Any, FerryError]]:
-        from . import tensor
-        return tensor.batch_get_tensor(self, keys, device)
+        from . import tensor_store
+        return tensor_store.batch_get_tensor(self, keys, device)
 
     def batch_get_tensor_into(self, keys: Sequence[Key],
                               tensors: Sequence[Any]) -> list[Union[Any, FerryError]]:
         """Each item: its destination, filled, or the error (that destination untouched)."""
-        from . import tensor
-        return tensor.batch_get_tensor_into(self, keys, tensors)
+        from . import tensor_store
+        return tensor_store.batch_get_tensor_into(self, keys, tensors)
 
     def put_tensor_with_tp(self, key: Key, t: Any, tp_size: int, split_dim: int = 0,
                            **options: Any) -> None:
         """Splits `t` evenly along split_dim and stores rank r's shard as
         f"{key}_tp_{r}" for every rank (tp_size 1: `t` under `key`). An uneven split
         raises InvalidArgument before anything is stored."""
-        from . import tensor
-        tensor.put_tensor_with_tp(self, key, t, tp_size, split_dim, **options)
+        from . import tensor_store
+        tensor_store.put_tensor_with_tp(self, key, t, tp_size, split_dim, **options)
 
     def get_tensor_with_tp(self, key: Key, tp_rank: int, tp_size: int,
                            split_dim: Optional[int] = None, device: Any = None) -> Any:
         """Rank tp_rank's shard. split_dim, when given, must match the stored one."""
-        from . import tensor
-        return tensor.get_tensor_with_tp(self, key, tp_rank, tp_size, split_dim, device)
+        from . import tensor_store
+        return tensor_store.get_tensor_with_tp(self, key, tp_rank, tp_size, split_dim, device)
 
 
 def _binding() -> Any:

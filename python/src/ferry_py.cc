@@ -140,8 +140,10 @@ py::dict SegmentInfoDict(const ferry::SegmentInfo& info) {
   return d;
 }
 
-// The C++ side of the overhead benchmark: the same synchronous Transfer the
-// Python API makes, timed in a loop with the GIL released. Nanoseconds per call.
+// The C++ side of the overhead benchmark (python/bench/bench_latency.py), as
+// _ferry._bench.sync_write_latency, outside the API: the same synchronous
+// Transfer the Python API makes, timed in a loop with the GIL released.
+// Nanoseconds per call.
 // `pause_ns` spins between calls, untimed, as a Python caller's own work would.
 std::vector<int64_t> BenchSyncWriteLatency(PyEngine& e, uint64_t local, uint64_t segment,
                                            uint64_t remote, uint64_t length, int iterations,
@@ -311,9 +313,12 @@ PYBIND11_MODULE(_ferry, m) {
           },
           py::arg("requests"), py::arg("stream"));
 
-  m.def("_bench_sync_write_latency", &BenchSyncWriteLatency, py::arg("engine"), py::arg("local"),
-        py::arg("segment"), py::arg("remote"), py::arg("length"), py::arg("iterations"),
-        py::arg("pause_ns") = 0);
+  // Benchmark-only (python/bench/bench_latency.py): not part of the API.
+  py::module_ bench =
+      m.def_submodule("_bench", "Benchmark hooks for python/bench; not part of ferry's API.");
+  bench.def("sync_write_latency", &BenchSyncWriteLatency, py::arg("engine"), py::arg("local"),
+            py::arg("segment"), py::arg("remote"), py::arg("length"), py::arg("iterations"),
+            py::arg("pause_ns") = 0);
 
   RegisterStore(m);
 }

@@ -23,7 +23,7 @@ namespace ferry_py {
 }
 
 [[noreturn]] inline void RaiseInvalid(std::string message) {
-  Raise(ferry::Status(ferry::StatusCode::kInvalidArgument, std::move(message)));
+  Raise(ferry::Status::InvalidArgument(std::move(message)));
 }
 
 inline void Check(const ferry::Status& st) {

@@ -99,3 +99,14 @@ def gpu_skip_reason() -> Optional[str]:
     if not torch.cuda.is_available():
         return "no CUDA GPU visible to torch"
     return None
+
+
+@pytest.fixture
+def cluster():
+    """A fresh store_cluster.Cluster: start `ferry master` and `ferry node` in it;
+    its processes are stopped after the test."""
+    from store_cluster import Cluster
+
+    c = Cluster()
+    yield c
+    c.close()

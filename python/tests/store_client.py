@@ -1,4 +1,4 @@
-"""A client process for test_store.py, attached to a `ferry node --socket`.
+"""A client process for test_store_attached.py, attached to a `ferry node --socket`.
 
     store_client.py serve SOCKET BUFFER_BYTES
         Prints {"pid": ...}, then answers JSON commands on stdin, one line each:

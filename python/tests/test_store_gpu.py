@@ -23,7 +23,7 @@ import pytest
 
 import ferry
 from conftest import gpu_skip_reason
-from test_store import Cluster, needs_attach
+from store_cluster import Cluster, needs_attach
 
 HERE = Path(__file__).resolve().parent
 _reason = gpu_skip_reason()

@@ -13,6 +13,7 @@ import pytest
 
 import ferry
 from ferry import tensor as ft
+from ferry import tensor_store
 
 pytestmark = pytest.mark.skipif(
     not hasattr(ferry._ferry, "Store"),
@@ -419,7 +420,7 @@ class _FailingStore:
 def test_tp_partial_failure_removes_the_stored_shards():
     fake = _FailingStore()
     with pytest.raises(ferry.ResourceExhausted):
-        ft.put_tensor_with_tp(fake, "f", np.zeros((4, 4), np.uint8), 4)
+        tensor_store.put_tensor_with_tp(fake, "f", np.zeros((4, 4), np.uint8), 4)
     assert fake.removed == (["f_tp_0", "f_tp_1", "f_tp_3"], True)
 
 

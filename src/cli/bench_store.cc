@@ -52,7 +52,7 @@ struct EngineReference {
     FERRY_ASSIGN_OR_RETURN(
         auto j,
         SpawnReady({SelfExe(), "serve", "--prefault", "--alloc", std::to_string(bytes)}, &r.peer));
-    if (!j.contains("alloc")) return Status(StatusCode::kInternal, "serve said: " + j.dump());
+    if (!j.contains("alloc")) return Status::Internal("serve said: " + j.dump());
     EngineOptions eo;
     eo.transport = transport == "tcp" ? "tcp" : "";
     FERRY_ASSIGN_OR_RETURN(r.engine, Engine::Create(eo));
@@ -241,7 +241,7 @@ int BenchStore(const BenchStoreArgs& a) {
     for (const auto& x : s.BatchGetInto(keys, dst_bufs)) st = x.ok() ? st : x.status();
     if (st.ok()) st = timed(get, SecondsSince(t0));
     if (st.ok() && std::memcmp(src, dst, span) != 0) {
-      st = Status(StatusCode::kInternal, "a value read back from the store differs");
+      st = Status::Internal("a value read back from the store differs");
     }
     if (st.ok() && b % 2 == 0) st = timed(eng_r, engine.value().Batch(Op::kRead, dst_bufs, b));
     if (st.ok()) st = timed(mem_r, memcpy_batch(false, b));

@@ -134,7 +134,7 @@ int RunTarget(const BenchArgs& a, uint64_t bytes) {
   if (!engine) return 1;
   // The target holds the destination of a write and the source of a read.
   const int gpu = a.op == "write" ? a.gpu_dst : a.gpu_src;
-  Result<void*> mem = Status(StatusCode::kInternal, "unset");
+  Result<void*> mem = Status::Internal("unset");
   if (gpu >= 0) {
     mem = gpu::AllocDevice(bytes, gpu);
     if (mem.ok()) {
@@ -192,7 +192,7 @@ int RunInitiator(const BenchArgs& a) {
   const Op op = a.op == "write" ? Op::kWrite : Op::kRead;
   const uint64_t local_bytes = per_thread * static_cast<uint64_t>(a.threads);
   const int local_gpu = op == Op::kWrite ? a.gpu_src : a.gpu_dst;
-  Result<void*> local = Status(StatusCode::kInternal, "unset");
+  Result<void*> local = Status::Internal("unset");
   if (local_gpu >= 0) {
     local = gpu::AllocDevice(local_bytes, local_gpu);
     if (local.ok()) {
@@ -266,8 +266,9 @@ int RunInitiator(const BenchArgs& a) {
   // Over tcp, GPU memory included, the bound is the socket; otherwise the copy.
   if (served == "tcp") {
     // The lanes, as the initiator's engine took them from the same variable
-    // (engine.cc, ApplyEnv), which it has checked to be at least 1.
-    ref_streams = static_cast<int>(env::GetInt("FERRY_TCP_LANES", EngineOptions{}.tcp_lanes));
+    // (engine.cc, ApplyEnv), which it has checked to be a number of at least 1.
+    ref_streams =
+        static_cast<int>(env::GetInt("FERRY_TCP_LANES", EngineOptions{}.tcp_lanes).value());
     ref_name = "tcp_streams";
     uint64_t peer_host_end = a.peer.rfind(':');
     ref = ReferenceTcp(a.peer.substr(0, peer_host_end), a.ref_port, op == Op::kWrite, total,

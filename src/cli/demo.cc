@@ -57,13 +57,12 @@ Result<Moved> RoundTrips(Engine& e, SegmentId seg, uint64_t remote, uint64_t buf
       (op == Op::kWrite ? wsecs : rsecs) += SecondsSince(t0);
       for (size_t i = 0; i < reqs.size(); ++i) {
         if (b.value()->Result(i).transport != expect) {
-          return Status(StatusCode::kInternal,
-                        "served by " + std::string(b.value()->Result(i).transport));
+          return Status::Internal("served by " + std::string(b.value()->Result(i).transport));
         }
       }
     }
     if (std::memcmp(src.data(), dst.data(), buffer) != 0) {
-      return Status(StatusCode::kInternal, "read-back differs in round " + std::to_string(round));
+      return Status::Internal("read-back differs in round " + std::to_string(round));
     }
     moved += buffer;
   }
@@ -106,17 +105,17 @@ Status StoreDemo() {
   const double get_s = SecondsSince(t0);
   for (size_t i = 0; i < keys.size(); ++i) {
     if (!got[i].ok()) return got[i].status();
-    if (got[i].value() != values[i]) return Status(StatusCode::kInternal, keys[i] + " differs");
+    if (got[i].value() != values[i]) return Status::Internal(keys[i] + " differs");
     auto loc = store->Locate(keys[i]);
     if (!loc.ok()) return loc.status();
     if (loc.value().replicas.size() != 2 ||
         loc.value().replicas[0].extents[0].segment == loc.value().replicas[1].extents[0].segment) {
-      return Status(StatusCode::kInternal, keys[i] + ": replicas not on two nodes");
+      return Status::Internal(keys[i] + ": replicas not on two nodes");
     }
   }
   for (const Status& st : store->BatchRemove(keys, /*force=*/true)) FERRY_RETURN_IF_ERROR(st);
   if (store->Exists(keys[0]).code() != StatusCode::kNotFound) {
-    return Status(StatusCode::kInternal, "a removed key still exists");
+    return Status::Internal("a removed key still exists");
   }
   std::printf(
       "  %zu keys, 1 B to 8 MiB, 2 replicas on nodes %s and %s: put %.1f ms, get %.1f ms "

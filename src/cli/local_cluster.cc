@@ -14,7 +14,7 @@ Result<nlohmann::json> SpawnReady(const std::vector<std::string>& argv,
     if (line.empty() || line[0] != '{') continue;
     auto j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.is_object()) {
-      return Status(StatusCode::kInternal, argv[1] + " said: " + line);
+      return Status::Internal(argv[1] + " said: " + line);
     }
     return j;
   }
@@ -25,7 +25,7 @@ Result<MasterProcess> SpawnMaster(const std::string& bin, const std::vector<std:
   argv.insert(argv.end(), args.begin(), args.end());
   MasterProcess m;
   FERRY_ASSIGN_OR_RETURN(auto j, SpawnReady(argv, &m.proc));
-  if (!j.contains("address")) return Status(StatusCode::kInternal, "master said: " + j.dump());
+  if (!j.contains("address")) return Status::Internal("master said: " + j.dump());
   m.address = j["address"];
   m.http_port = j.value("http_port", -1);
   return m;
@@ -37,7 +37,7 @@ Result<NodeProcess> SpawnNode(const std::string& bin, const std::string& master,
   argv.insert(argv.end(), args.begin(), args.end());
   NodeProcess n;
   FERRY_ASSIGN_OR_RETURN(auto j, SpawnReady(argv, &n.proc));
-  if (!j.contains("segment")) return Status(StatusCode::kInternal, "node said: " + j.dump());
+  if (!j.contains("segment")) return Status::Internal("node said: " + j.dump());
   n.segment = j["segment"];
   return n;
 }

@@ -16,7 +16,7 @@ Result<uint64_t> ParseSize(const std::string& s) {
   try {
     v = std::stoull(s, &pos);
   } catch (const std::exception&) {
-    return Status(StatusCode::kInvalidArgument, "bad size '" + s + "'");
+    return Status::InvalidArgument("bad size '" + s + "'");
   }
   std::string unit = s.substr(pos);
   uint64_t mul = 1;
@@ -29,7 +29,7 @@ Result<uint64_t> ParseSize(const std::string& s) {
   else if (unit == "G" || unit == "GiB")
     mul = 1ull << 30;
   else
-    return Status(StatusCode::kInvalidArgument, "bad size unit in '" + s + "'");
+    return Status::InvalidArgument("bad size unit in '" + s + "'");
   return v * mul;
 }
 

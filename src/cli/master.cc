@@ -61,7 +61,7 @@ constexpr const char* kIgnored[] = {
 };
 
 Status Bad(const std::string& flag, const std::string& value, const std::string& why) {
-  return Status(StatusCode::kInvalidArgument, "--" + flag + " '" + value + "': " + why);
+  return Status::InvalidArgument("--" + flag + " '" + value + "': " + why);
 }
 
 // A whole-string integer in [lo, hi].
@@ -127,8 +127,8 @@ Result<int64_t> ParseDurationMs(const std::string& text) {
   size_t digits = 0;
   while (digits < t.size() && std::isdigit(static_cast<unsigned char>(t[digits]))) ++digits;
   if (digits == 0) {
-    return Status(StatusCode::kInvalidArgument,
-                  "bad duration '" + text + "': a number of milliseconds, or with ms, s, m or h");
+    return Status::InvalidArgument("bad duration '" + text +
+                                   "': a number of milliseconds, or with ms, s, m or h");
   }
   std::string unit = Trim(t.substr(digits));
   std::transform(unit.begin(), unit.end(), unit.begin(),
@@ -143,11 +143,9 @@ Result<int64_t> ParseDurationMs(const std::string& text) {
   else if (unit == "h")
     mul = 60 * 60 * 1000;
   else
-    return Status(StatusCode::kInvalidArgument,
-                  "bad duration unit in '" + text + "': use ms, s, m or h");
+    return Status::InvalidArgument("bad duration unit in '" + text + "': use ms, s, m or h");
   const std::string number = t.substr(0, digits);
-  if (number.size() > 15)
-    return Status(StatusCode::kInvalidArgument, "duration '" + text + "' is too large");
+  if (number.size() > 15) return Status::InvalidArgument("duration '" + text + "' is too large");
   return std::stoll(number) * mul;
 }
 
@@ -162,8 +160,8 @@ Status ApplyMooncakeMasterFlags(const std::vector<std::pair<std::string, std::st
   for (const auto& [name, value] : given) {
     for (const auto& m : kMapped) {
       if (name == m.name && m.ferry != nullptr && has_ferry(m.ferry)) {
-        return Status(StatusCode::kInvalidArgument,
-                      std::string("give --") + m.name + " or " + m.ferry + ", not both");
+        return Status::InvalidArgument(std::string("give --") + m.name + " or " + m.ferry +
+                                       ", not both");
       }
     }
     if (name == "rpc_port") {
@@ -175,8 +173,7 @@ Status ApplyMooncakeMasterFlags(const std::vector<std::pair<std::string, std::st
       a->host = value;
     } else if (name == "default_kv_lease_ttl") {
       auto v = ParseDurationMs(value);
-      if (!v.ok())
-        return Status(StatusCode::kInvalidArgument, "--" + name + ": " + v.status().message());
+      if (!v.ok()) return Status::InvalidArgument("--" + name + ": " + v.status().message());
       if (v.value() < 1 || v.value() > 86400000) return Bad(name, value, "must be 1 ms to 24 h");
       a->lease_ms = v.value();
     } else if (name == "eviction_high_watermark_ratio") {
@@ -204,9 +201,9 @@ Status ApplyMooncakeMasterFlags(const std::vector<std::pair<std::string, std::st
       auto v = Boolean(name, value);
       if (!v.ok()) return v.status();
       if (v.value()) {
-        return Status(StatusCode::kInvalidArgument,
-                      "--enable_ha: high availability (masters elected through etcd) is not "
-                      "supported yet: Ferry has no cluster mode; run one `ferry master`");
+        return Status::InvalidArgument(
+            "--enable_ha: high availability (masters elected through etcd) is not "
+            "supported yet: Ferry has no cluster mode; run one `ferry master`");
       }
     } else if (std::find(std::begin(kNotYet), std::end(kNotYet), name) != std::end(kNotYet)) {
       not_yet.push_back("--" + name);

@@ -100,8 +100,8 @@ Result<std::unique_ptr<RedisReference>> RedisReference::Start(int connections) {
   const char* env = std::getenv("FERRY_REDIS_SERVER");
   std::string bin = env != nullptr && *env != '\0' ? env : "/usr/bin/redis-server";
   if (access(bin.c_str(), X_OK) != 0) {
-    return Status(StatusCode::kUnavailable,
-                  bin + " is not installed (scripts/install-deps, or FERRY_REDIS_SERVER)");
+    return Status::Unavailable(bin +
+                               " is not installed (scripts/install-deps, or FERRY_REDIS_SERVER)");
   }
   std::unique_ptr<RedisReference> r(new RedisReference());
   char tmpl[] = "/tmp/ferry-redis-XXXXXX";
@@ -120,7 +120,7 @@ Result<std::unique_ptr<RedisReference>> RedisReference::Start(int connections) {
       r->fds_.push_back(fd);
       continue;
     }
-    if (deadline.Expired()) return Status(StatusCode::kUnavailable, "redis-server did not start");
+    if (deadline.Expired()) return Status::Unavailable("redis-server did not start");
     std::this_thread::sleep_for(Millis(20));
   }
   return r;
@@ -142,14 +142,14 @@ Result<double> RedisReference::Set(const std::vector<std::string>& keys,
       std::string h = BulkHeader("SET", keys[i], values[i].size(), true);
       if (!WriteAll(fd, h.data(), h.size()) || !WriteAll(fd, values[i].data(), values[i].size()) ||
           !WriteAll(fd, "\r\n", 2)) {
-        return Status(StatusCode::kConnectionLost, "redis SET: send failed");
+        return Status::ConnectionLost("redis SET: send failed");
       }
       ++sent;
     }
     std::string line;
     for (size_t k = 0; k < sent; ++k) {
       if (!ReadLine(fd, &line) || line != "+OK") {
-        return Status(StatusCode::kProtocolError, "redis SET answered '" + line + "'");
+        return Status::ProtocolError("redis SET answered '" + line + "'");
       }
     }
     return Status::Ok();
@@ -163,14 +163,14 @@ Result<double> RedisReference::Get(const std::vector<std::string>& keys,
     std::string cmds;
     for (size_t i = c; i < keys.size(); i += n) cmds += BulkHeader("GET", keys[i], 0, false);
     if (!WriteAll(fd, cmds.data(), cmds.size())) {
-      return Status(StatusCode::kConnectionLost, "redis GET: send failed");
+      return Status::ConnectionLost("redis GET: send failed");
     }
     std::string line;
     char crlf[2];
     for (size_t i = c; i < keys.size(); i += n) {
       if (!ReadLine(fd, &line) || line != fmt::format("${}", dst[i].size()) ||
           !ReadAll(fd, dst[i].data(), dst[i].size()) || !ReadAll(fd, crlf, 2)) {
-        return Status(StatusCode::kProtocolError, "redis GET answered '" + line + "'");
+        return Status::ProtocolError("redis GET answered '" + line + "'");
       }
     }
     return Status::Ok();

@@ -31,7 +31,7 @@ int Serve(const ServeArgs& args) {
   if (args.heap_bytes > 0) {
     heap = std::calloc(1, args.heap_bytes);
     Status st = heap ? e.RegisterMemory(heap, args.heap_bytes)
-                     : Status(StatusCode::kResourceExhausted, "heap allocation failed");
+                     : Status::ResourceExhausted("heap allocation failed");
     if (!st.ok()) {
       std::fprintf(stderr, "ferry serve: %s\n", st.ToString().c_str());
       return 1;

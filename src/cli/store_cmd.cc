@@ -30,21 +30,21 @@ Result<std::vector<uint8_t>> ReadInput(const std::string& file) {
     return data;
   }
   std::ifstream in(file, std::ios::binary);
-  if (!in) return Status(StatusCode::kIoError, "cannot read " + file);
+  if (!in) return Status::IoError("cannot read " + file);
   data.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  if (in.bad()) return Status(StatusCode::kIoError, "cannot read " + file);
+  if (in.bad()) return Status::IoError("cannot read " + file);
   return data;
 }
 
 Status WriteOutput(const std::string& file, const std::vector<uint8_t>& data) {
   if (file.empty() || file == "-") {
     std::fwrite(data.data(), 1, data.size(), stdout);
-    return std::fflush(stdout) == 0 ? Status::Ok() : Status(StatusCode::kIoError, "stdout");
+    return std::fflush(stdout) == 0 ? Status::Ok() : Status::IoError("stdout");
   }
   std::ofstream out(file, std::ios::binary | std::ios::trunc);
   out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
   out.close();
-  return out ? Status::Ok() : Status(StatusCode::kIoError, "cannot write " + file);
+  return out ? Status::Ok() : Status::IoError("cannot write " + file);
 }
 
 }  // namespace
@@ -52,7 +52,7 @@ Status WriteOutput(const std::string& file, const std::vector<uint8_t>& data) {
 // A pure client of --master, or attached to --socket.
 Result<std::unique_ptr<Store>> Open(const StoreArgs& a) {
   if (a.master.empty() == a.socket.empty()) {
-    return Status(StatusCode::kInvalidArgument, "give one of --master HOST:PORT or --socket PATH");
+    return Status::InvalidArgument("give one of --master HOST:PORT or --socket PATH");
   }
   StoreOptions o;
   o.rpc_timeout = std::chrono::milliseconds(a.timeout_ms);

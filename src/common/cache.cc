@@ -11,6 +11,8 @@
 namespace ferry {
 namespace {
 
+constexpr const char* kWriteBackEnv = "FERRY_STAGING_WRITEBACK";
+
 #if defined(__x86_64__)
 bool HasClwb() {
   unsigned a = 0, b = 0, c = 0, d = 0;
@@ -33,12 +35,17 @@ __attribute__((target("clwb"))) void Clwb(const void* p, size_t n) {
 
 void WriteBackForDma(const void* p, size_t n) {
 #if defined(__x86_64__)
-  static const bool on = HasClwb() && env::GetInt("FERRY_STAGING_WRITEBACK", 1) != 0;
+  static const bool on = HasClwb() && [] {
+    Result<int64_t> v = env::GetInt(kWriteBackEnv, 1);
+    return !v.ok() || v.value() != 0;
+  }();
   if (on && n > 0) Clwb(p, n);
 #else
   (void)p;
   (void)n;
 #endif
 }
+
+Status CheckWriteBackEnv() { return env::GetInt(kWriteBackEnv, 1).status(); }
 
 }  // namespace ferry

@@ -3,6 +3,8 @@
 
 #include <cstddef>
 
+#include "ferry/status.h"
+
 namespace ferry {
 
 // Writes the dirty cache lines of [p, p+n) back to memory, leaving them
@@ -20,5 +22,8 @@ namespace ferry {
 // Does nothing where the CPU has no CLWB, or with FERRY_STAGING_WRITEBACK=0
 // (read once per process, so it applies to every engine in it).
 void WriteBackForDma(const void* p, size_t n);
+// InvalidArgument when FERRY_STAGING_WRITEBACK is set but not an integer, so
+// that Engine::Create refuses it; WriteBackForDma treats such a value as unset.
+Status CheckWriteBackEnv();
 
 }  // namespace ferry

@@ -12,12 +12,15 @@ std::optional<std::string> Get(const char* name) {
   return std::string(v);
 }
 
-int64_t GetInt(const char* name, int64_t fallback) {
+Result<int64_t> GetInt(const char* name, int64_t fallback) {
   const char* v = std::getenv(name);
-  if (v == nullptr) return fallback;
+  if (v == nullptr || *v == '\0') return fallback;
   int64_t out = 0;
   auto [ptr, ec] = std::from_chars(v, v + std::strlen(v), out);
-  if (ec != std::errc() || *ptr != '\0') return fallback;
+  if (ec != std::errc() || *ptr != '\0') {
+    return Status::InvalidArgument("environment variable " + std::string(name) + "='" + v +
+                                   "' is not an integer");
+  }
   return out;
 }
 

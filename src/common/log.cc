@@ -3,6 +3,8 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 
 #include <cstdlib>
+#include <string>
+#include <string_view>
 
 namespace ferry::log {
 
@@ -18,6 +20,16 @@ spdlog::logger& Get() {
     return l;
   }();
   return *logger;
+}
+
+Status CheckLevelEnv() {
+  const char* lvl = std::getenv("FERRY_LOG_LEVEL");
+  if (lvl == nullptr || *lvl == '\0' || spdlog::level::from_str(lvl) != spdlog::level::off ||
+      std::string_view(lvl) == "off") {
+    return Status::Ok();
+  }
+  return Status::InvalidArgument(std::string("environment variable FERRY_LOG_LEVEL='") + lvl +
+                                 "' is not trace, debug, info, warn, error or off");
 }
 
 }  // namespace ferry::log

@@ -6,10 +6,15 @@
 
 #include <spdlog/spdlog.h>
 
+#include "ferry/status.h"
+
 namespace ferry::log {
 
 // The logger, made on first use with FERRY_LOG_LEVEL applied.
 spdlog::logger& Get();
+// InvalidArgument when FERRY_LOG_LEVEL names no level, so that Engine::Create
+// refuses it; the logger takes such a value as off.
+Status CheckLevelEnv();
 
 }  // namespace ferry::log
 

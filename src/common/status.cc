@@ -46,7 +46,7 @@ Status Status::FromErrno(int err, std::string_view what) {
   char buf[128];
   // GNU strerror_r returns the message pointer, which may not be `buf`.
   const char* msg = strerror_r(err, buf, sizeof(buf));
-  return Status(StatusCode::kIoError, std::string(what) + ": " + msg);
+  return Status::IoError(std::string(what) + ": " + msg);
 }
 
 std::string Status::ToString() const {

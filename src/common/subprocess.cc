@@ -19,7 +19,7 @@ std::string SelfExe() {
 
 Result<std::unique_ptr<Subprocess>> Subprocess::Spawn(const std::vector<std::string>& argv,
                                                       bool capture_stdout) {
-  if (argv.empty()) return Status(StatusCode::kInvalidArgument, "empty argv");
+  if (argv.empty()) return Status::InvalidArgument("empty argv");
   std::vector<char*> cargv;
   for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
   cargv.push_back(nullptr);
@@ -57,9 +57,9 @@ Result<std::string> Subprocess::ReadLine(Millis timeout) {
       buf_.erase(0, nl + 1);
       return line;
     }
-    if (out_fd_ < 0) return Status(StatusCode::kInvalidArgument, "stdout not captured");
+    if (out_fd_ < 0) return Status::InvalidArgument("stdout not captured");
     auto left = std::chrono::duration_cast<Millis>(deadline.Remaining()).count();
-    if (left <= 0) return Status(StatusCode::kTimeout, "no line from child in time");
+    if (left <= 0) return Status::Timeout("no line from child in time");
     pollfd p{out_fd_, POLLIN, 0};
     int r = poll(&p, 1, static_cast<int>(left));
     if (r < 0 && errno != EINTR) return Status::FromErrno(errno, "poll");
@@ -67,13 +67,13 @@ Result<std::string> Subprocess::ReadLine(Millis timeout) {
     char tmp[4096];
     ssize_t n = read(out_fd_, tmp, sizeof(tmp));
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return Status(StatusCode::kConnectionLost, "child closed its stdout");
+    if (n <= 0) return Status::ConnectionLost("child closed its stdout");
     buf_.append(tmp, static_cast<size_t>(n));
   }
 }
 
 Status Subprocess::Signal(int sig) {
-  if (reaped_) return Status(StatusCode::kNotFound, "child already exited");
+  if (reaped_) return Status::NotFound("child already exited");
   if (kill(pid_, sig) != 0) return Status::FromErrno(errno, "kill");
   return Status::Ok();
 }
@@ -88,7 +88,7 @@ Result<int> Subprocess::Wait(Millis timeout) {
       return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
     }
     if (r < 0 && errno != EINTR) return Status::FromErrno(errno, "waitpid");
-    if (deadline.Expired()) return Status(StatusCode::kTimeout, "child still running");
+    if (deadline.Expired()) return Status::Timeout("child still running");
     std::this_thread::sleep_for(Millis(2));
   }
 }

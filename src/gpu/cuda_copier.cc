@@ -20,7 +20,7 @@ namespace ferry::gpu {
 namespace {
 
 Status CudaError(cudaError_t err, const char* what) {
-  return Status(StatusCode::kInternal, std::string(what) + ": " + cudaGetErrorString(err));
+  return Status::Internal(std::string(what) + ": " + cudaGetErrorString(err));
 }
 
 // Per-device pools, filled at creation so the data path never creates streams.
@@ -64,7 +64,7 @@ class CudaCopier : public Copier {
  public:
   Status Init() {
     int n = DeviceCount();
-    if (n == 0) return Status(StatusCode::kNotSupported, Describe());
+    if (n == 0) return Status::NotSupported(Describe());
     // Stream memory operations, from the driver at run time: libcuda is never linked.
     wait_value_ = DriverFunction<WaitValueFn>("cuStreamWaitValue32");
     write_value_ = DriverFunction<WriteValueFn>("cuStreamWriteValue32");
@@ -128,7 +128,7 @@ class CudaCopier : public Copier {
                  std::shared_ptr<ReadyEvent> ready,
                  std::function<void(const Status&)> done) override {
     if (device < 0 || static_cast<size_t>(device) >= pools_.size()) {
-      return done(Status(StatusCode::kInvalidArgument, "no such GPU"));
+      return done(Status::InvalidArgument("no such GPU"));
     }
     DevicePool& pool = *pools_[static_cast<size_t>(device)];
     // May run on a caller's thread (copies that cannot block): leave its device be.
@@ -146,8 +146,8 @@ class CudaCopier : public Copier {
     cudaError_t err = cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture);
     if (err != cudaSuccess) return CudaError(err, "checking the submission stream");
     if (capture != cudaStreamCaptureStatusNone) {
-      return Status(StatusCode::kNotSupported,
-                    "stream-ordered transfers cannot be captured into a CUDA graph yet");
+      return Status::NotSupported(
+          "stream-ordered transfers cannot be captured into a CUDA graph yet");
     }
     return Status::Ok();
   }
@@ -185,13 +185,12 @@ class CudaCopier : public Copier {
   using WriteValueFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
   static Status NoMemOps() {
-    return Status(StatusCode::kNotSupported, "the driver has no stream memory operations");
+    return Status::NotSupported("the driver has no stream memory operations");
   }
 
   static Status DriverStatus(CUresult r, const char* what) {
     if (r == CUDA_SUCCESS) return Status::Ok();
-    return Status(StatusCode::kInternal,
-                  std::string(what) + " failed: CUresult " + std::to_string(r));
+    return Status::Internal(std::string(what) + " failed: CUresult " + std::to_string(r));
   }
 
   struct Pending {

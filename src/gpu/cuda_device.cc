@@ -93,15 +93,14 @@ IpcImportCounts IpcImports() {
 
 Result<void*> OpenIpc(const std::string& handle, int device) {
   cudaIpcMemHandle_t h;
-  if (handle.size() != sizeof(h)) return Status(StatusCode::kInvalidArgument, "bad IPC handle");
+  if (handle.size() != sizeof(h)) return Status::InvalidArgument("bad IPC handle");
   std::memcpy(&h, handle.data(), sizeof(h));
   DeviceGuard guard(device);
   void* p = nullptr;
   cudaError_t err = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
   if (err != cudaSuccess) {
     cudaGetLastError();
-    return Status(StatusCode::kUnavailable,
-                  std::string("cudaIpcOpenMemHandle: ") + cudaGetErrorString(err));
+    return Status::Unavailable(std::string("cudaIpcOpenMemHandle: ") + cudaGetErrorString(err));
   }
   ipc_open.fetch_add(1, std::memory_order_relaxed);
   ipc_opened.fetch_add(1, std::memory_order_relaxed);
@@ -115,13 +114,12 @@ void CloseIpc(void* base, int device) {
 }
 
 Result<void*> AllocDevice(size_t length, int device) {
-  if (DeviceCount() == 0) return Status(StatusCode::kNotSupported, Describe());
+  if (DeviceCount() == 0) return Status::NotSupported(Describe());
   DeviceGuard guard(device);
   void* p = nullptr;
   cudaError_t err = cudaMalloc(&p, length);
   if (err != cudaSuccess) {
-    return Status(StatusCode::kResourceExhausted,
-                  std::string("cudaMalloc: ") + cudaGetErrorString(err));
+    return Status::ResourceExhausted(std::string("cudaMalloc: ") + cudaGetErrorString(err));
   }
   // Zeroed on a private stream: no legacy-stream or device-wide sync (R4, R6).
   cudaStream_t s = nullptr;
@@ -131,7 +129,7 @@ Result<void*> AllocDevice(size_t length, int device) {
   if (s != nullptr) cudaStreamDestroy(s);
   if (err != cudaSuccess) {
     cudaFree(p);
-    return Status(StatusCode::kInternal, std::string("zeroing: ") + cudaGetErrorString(err));
+    return Status::Internal(std::string("zeroing: ") + cudaGetErrorString(err));
   }
   return p;
 }
@@ -142,8 +140,7 @@ Result<void*> AllocPinned(size_t length) {
   void* p = nullptr;
   cudaError_t err = cudaMallocHost(&p, length);
   if (err != cudaSuccess) {
-    return Status(StatusCode::kResourceExhausted,
-                  std::string("cudaMallocHost: ") + cudaGetErrorString(err));
+    return Status::ResourceExhausted(std::string("cudaMallocHost: ") + cudaGetErrorString(err));
   }
   return p;
 }
@@ -151,7 +148,7 @@ Result<void*> AllocPinned(size_t length) {
 void FreePinned(void* p) { cudaFreeHost(p); }
 
 Result<double> CopyBandwidth(int src_device, int dst_device, size_t block, double seconds) {
-  if (DeviceCount() == 0) return Status(StatusCode::kNotSupported, Describe());
+  if (DeviceCount() == 0) return Status::NotSupported(Describe());
   DeviceGuard guard(src_device >= 0 ? src_device : std::max(dst_device, 0));
   auto alloc = [&](int device, void** p) {
     if (device < 0) return cudaMallocHost(p, block);
@@ -191,7 +188,7 @@ Result<double> CopyBandwidth(int src_device, int dst_device, size_t block, doubl
     }
   }
   if (err != cudaSuccess) {
-    return Status(StatusCode::kInternal, std::string("reference copy: ") + cudaGetErrorString(err));
+    return Status::Internal(std::string("reference copy: ") + cudaGetErrorString(err));
   }
   return gbps;
 }

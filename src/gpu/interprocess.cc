@@ -13,14 +13,14 @@ namespace {
 Status Cuda(cudaError_t err, const char* what) {
   if (err == cudaSuccess) return Status::Ok();
   cudaGetLastError();
-  return Status(StatusCode::kInternal, std::string(what) + ": " + cudaGetErrorString(err));
+  return Status::Internal(std::string(what) + ": " + cudaGetErrorString(err));
 }
 
 }  // namespace
 
 Result<std::unique_ptr<IpcEvent>> IpcEvent::Create(int device) {
   if (device < 0 || device >= DeviceCount()) {
-    return Status(StatusCode::kNotSupported, "no GPU " + std::to_string(device));
+    return Status::NotSupported("no GPU " + std::to_string(device));
   }
   DeviceGuard guard(device);
   cudaEvent_t ev = nullptr;
@@ -50,7 +50,7 @@ Status IpcEvent::Synchronize() {
 
 Result<std::unique_ptr<IpcStream>> IpcStream::Create(int device) {
   if (device < 0 || device >= DeviceCount()) {
-    return Status(StatusCode::kInvalidArgument, "no GPU " + std::to_string(device) + " here");
+    return Status::InvalidArgument("no GPU " + std::to_string(device) + " here");
   }
   DeviceGuard guard(device);
   cudaStream_t s = nullptr;
@@ -67,7 +67,7 @@ IpcStream::~IpcStream() {
 
 Status IpcStream::WaitPeerEvent(const std::string& handle) {
   cudaIpcEventHandle_t h;
-  if (handle.size() != sizeof(h)) return Status(StatusCode::kInvalidArgument, "bad event handle");
+  if (handle.size() != sizeof(h)) return Status::InvalidArgument("bad event handle");
   DeviceGuard guard(device_);
   if (opened_ == nullptr || handle != opened_handle_) {
     // A client keeps one event per device, so this opens once per client.
@@ -115,7 +115,7 @@ Status CopyOnStreamAndWait(void* dst, const void* src, size_t length, void* stre
 namespace ferry::gpu {
 
 namespace {
-Status NoCuda() { return Status(StatusCode::kNotSupported, "built without CUDA"); }
+Status NoCuda() { return Status::NotSupported("built without CUDA"); }
 }  // namespace
 
 Result<std::unique_ptr<IpcEvent>> IpcEvent::Create(int) { return NoCuda(); }

@@ -10,20 +10,16 @@ bool PinHost(void*, size_t) { return false; }
 void UnpinHost(void*) {}
 std::string ExportIpc(const MemoryInfo&) { return {}; }
 Result<void*> OpenIpc(const std::string&, int) {
-  return Status(StatusCode::kNotSupported, "built without CUDA");
+  return Status::NotSupported("built without CUDA");
 }
 void CloseIpc(void*, int) {}
 IpcImportCounts IpcImports() { return {}; }
-Result<void*> AllocDevice(size_t, int) {
-  return Status(StatusCode::kNotSupported, "built without CUDA");
-}
+Result<void*> AllocDevice(size_t, int) { return Status::NotSupported("built without CUDA"); }
 void FreeDevice(void*) {}
-Result<void*> AllocPinned(size_t) {
-  return Status(StatusCode::kNotSupported, "built without CUDA");
-}
+Result<void*> AllocPinned(size_t) { return Status::NotSupported("built without CUDA"); }
 void FreePinned(void*) {}
 Result<double> CopyBandwidth(int, int, size_t, double) {
-  return Status(StatusCode::kNotSupported, "built without CUDA");
+  return Status::NotSupported("built without CUDA");
 }
 
 }  // namespace ferry::gpu
@@ -35,7 +31,7 @@ namespace ferry::gpu {
 class ReadyEvent {};
 
 Result<std::unique_ptr<Copier>> Copier::Create() {
-  return Status(StatusCode::kNotSupported, "built without CUDA");
+  return Status::NotSupported("built without CUDA");
 }
 
 }  // namespace ferry::gpu

@@ -63,7 +63,7 @@ BatchStatus BatchState::Poll() const {
 RequestResult BatchState::Result(size_t index) const {
   std::lock_guard lk(mu_);
   if (index >= requests_.size()) {
-    return {true, Status(StatusCode::kOutOfRange, "request index past the batch"), kNoTransport};
+    return {true, Status::OutOfRange("request index past the batch"), kNoTransport};
   }
   const Req& r = requests_[index];
   return {r.done, r.status, r.transport};
@@ -109,8 +109,7 @@ RequestResult Batch::Result(size_t index) const { return state_->Result(index); 
 
 Status Batch::Wait(std::chrono::milliseconds timeout) {
   if (!state_->WaitDone(Deadline::After(timeout))) {
-    return Status(StatusCode::kTimeout,
-                  "batch not done within " + std::to_string(timeout.count()) + " ms");
+    return Status::Timeout("batch not done within " + std::to_string(timeout.count()) + " ms");
   }
   return state_->Poll().first_error;
 }

@@ -10,9 +10,9 @@ namespace ferry {
 // OK when the task may start: its endpoint is open, its batch not freed and its
 // deadline not passed. Checked at the last moment, on the copy thread.
 inline Status CheckRunnable(const Task& t, bool endpoint_closed) {
-  if (endpoint_closed) return Status(StatusCode::kCancelled, "segment closed");
-  if (t.batch->cancelled()) return Status(StatusCode::kCancelled, "batch freed");
-  if (t.deadline.Expired()) return Status(StatusCode::kTimeout, "deadline passed before copy");
+  if (endpoint_closed) return Status::Cancelled("segment closed");
+  if (t.batch->cancelled()) return Status::Cancelled("batch freed");
+  if (t.deadline.Expired()) return Status::Timeout("deadline passed before copy");
   return Status::Ok();
 }
 

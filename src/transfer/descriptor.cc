@@ -74,7 +74,7 @@ std::vector<uint8_t> EncodeDescriptor(const SegmentDescriptor& d) {
 
 Result<SegmentDescriptor> DecodeDescriptor(const uint8_t* data, size_t size) {
   auto bad = [](const std::string& why) {
-    return Status(StatusCode::kProtocolError, "bad segment descriptor: " + why);
+    return Status::ProtocolError("bad segment descriptor: " + why);
   };
   if (size > kMaxDescriptorBytes) return bad("too large");
   ByteReader r(data, size);

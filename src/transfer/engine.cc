@@ -16,6 +16,7 @@
 #include <random>
 #include <thread>
 
+#include "common/cache.h"
 #include "common/env.h"
 #include "common/host.h"
 #include "common/log.h"
@@ -65,14 +66,13 @@ class Engine::Impl {
   }
 
   Status Init() {
-    ApplyEnv();
+    FERRY_RETURN_IF_ERROR(ApplyEnv());
     if (options_.metadata != "p2p") {
-      return Status(StatusCode::kNotSupported,
-                    "metadata '" + options_.metadata + "' is not supported; use p2p");
+      return Status::NotSupported("metadata '" + options_.metadata + "' is not supported; use p2p");
     }
     if (options_.tcp_lanes < 1 || options_.tcp_chunks_in_flight < 1 ||
         options_.tcp_chunk_bytes < 4096 || options_.tcp_chunk_bytes > (64u << 20)) {
-      return Status(StatusCode::kInvalidArgument, "tcp options out of range");
+      return Status::InvalidArgument("tcp options out of range");
     }
     std::random_device rd;
     std::mt19937_64 gen((static_cast<uint64_t>(rd()) << 32) ^ rd() ^
@@ -88,8 +88,13 @@ class Engine::Impl {
       if (!copier.ok()) return copier.status();
       copier_ = std::move(copier).value();
       // Four stream-ordered batches in flight at once, eight chunks each per window.
-      relay_ = StreamRelay::Create(copier_.get(), 4, 8 * options_.tcp_chunk_bytes,
-                                   options_.request_timeout);
+      auto relay = StreamRelay::Create(copier_.get(), 4, 8 * options_.tcp_chunk_bytes,
+                                       options_.request_timeout);
+      if (relay.ok()) {
+        relay_ = std::move(relay).value();
+      } else {
+        FERRY_LOG_WARN("stream relay: no staging slots: {}", relay.status().ToString());
+      }
     }
     FERRY_ASSIGN_OR_RETURN(memory_, LocalMemory::Create(has_gpu));
     copy_pool_ = std::make_unique<ThreadPool>(options_.copy_threads, "ferry-copy");
@@ -112,7 +117,8 @@ class Engine::Impl {
     cfg.port = options_.port;
     cfg.epoch = epoch_;
     cfg.frame_timeout = options_.request_timeout;
-    cfg.max_connections = static_cast<size_t>(env::GetInt("FERRY_MAX_CONNECTIONS", 1024));
+    FERRY_ASSIGN_OR_RETURN(int64_t max_connections, env::GetInt("FERRY_MAX_CONNECTIONS", 1024));
+    cfg.max_connections = static_cast<size_t>(max_connections);
     auto l = Listener::Start(
         io_, cfg, [this] { return EncodeDescriptor(Describe()); }, transports_->frame_services());
     if (!l.ok()) return l.status();
@@ -157,21 +163,29 @@ class Engine::Impl {
   }
 
  private:
-  void ApplyEnv() {
+  // InvalidArgument, naming the variable, where one is malformed.
+  Status ApplyEnv() {
     if (options_.transport.empty()) {
       if (auto t = env::Get("FERRY_TRANSPORT")) options_.transport = *t;
     }
     if (options_.transport == "auto") options_.transport.clear();
-    options_.tcp_lanes = static_cast<int>(env::GetInt("FERRY_TCP_LANES", options_.tcp_lanes));
-    options_.tcp_chunk_bytes =
-        static_cast<uint64_t>(env::GetInt("FERRY_TCP_CHUNK_BYTES", options_.tcp_chunk_bytes));
-    options_.tcp_chunks_in_flight =
-        static_cast<int>(env::GetInt("FERRY_TCP_INFLIGHT", options_.tcp_chunks_in_flight));
-    options_.io_threads = static_cast<int>(env::GetInt("FERRY_IO_THREADS", options_.io_threads));
-    options_.copy_threads =
-        static_cast<int>(env::GetInt("FERRY_COPY_THREADS", options_.copy_threads));
-    options_.landing_threads =
-        static_cast<int>(env::GetInt("FERRY_LANDING_THREADS", options_.landing_threads));
+    FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_TCP_LANES", &options_.tcp_lanes));
+    FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_TCP_CHUNK_BYTES", &options_.tcp_chunk_bytes));
+    FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_TCP_INFLIGHT", &options_.tcp_chunks_in_flight));
+    FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_IO_THREADS", &options_.io_threads));
+    FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_COPY_THREADS", &options_.copy_threads));
+    FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_LANDING_THREADS", &options_.landing_threads));
+    // Read where they are used, later or lazily; checked here so Create refuses them.
+    FERRY_RETURN_IF_ERROR(CheckWriteBackEnv());
+    return log::CheckLevelEnv();
+  }
+
+  // `*knob` = the integer variable `name`, where it is set.
+  template <typename T>
+  static Status IntFromEnv(const char* name, T* knob) {
+    FERRY_ASSIGN_OR_RETURN(int64_t v, env::GetInt(name, static_cast<int64_t>(*knob)));
+    *knob = static_cast<T>(v);
+    return Status::Ok();
   }
 
   // Thread counts that grow with the machine.

@@ -231,15 +231,15 @@ class ListenerImpl : public Listener {
   Status Bind() {
     asio::error_code ec;
     auto addr = asio::ip::make_address(cfg_.host, ec);
-    if (ec) return Status(StatusCode::kInvalidArgument, "bad listen address '" + cfg_.host + "'");
+    if (ec) return Status::InvalidArgument("bad listen address '" + cfg_.host + "'");
     tcp::endpoint ep(addr, cfg_.port);
     acceptor_.open(ep.protocol(), ec);
     if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
     if (!ec) acceptor_.bind(ep, ec);
     if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
     if (ec) {
-      return Status(StatusCode::kUnavailable, "cannot listen on " + cfg_.host + ":" +
-                                                  std::to_string(cfg_.port) + ": " + ec.message());
+      return Status::Unavailable("cannot listen on " + cfg_.host + ":" + std::to_string(cfg_.port) +
+                                 ": " + ec.message());
     }
     port_ = acceptor_.local_endpoint().port();
     Accept();

@@ -65,7 +65,7 @@ Status LocalMemory::Unregister(void* addr) {
 }
 
 Result<void*> LocalMemory::Allocate(size_t length) {
-  if (length == 0) return Status(StatusCode::kInvalidArgument, "allocation of zero bytes");
+  if (length == 0) return Status::InvalidArgument("allocation of zero bytes");
   int fd = memfd_create("ferry-segment", MFD_CLOEXEC);
   if (fd < 0) return Status::FromErrno(errno, "memfd_create");
   if (ftruncate(fd, static_cast<off_t>(length)) != 0) {

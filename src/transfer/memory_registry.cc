@@ -15,22 +15,22 @@ std::string Hex(uint64_t v) {
 
 Status MemoryRegistry::Add(const Region& r) {
   if (r.addr == 0 || r.length == 0) {
-    return Status(StatusCode::kInvalidArgument, "registration needs a non-null address and length");
+    return Status::InvalidArgument("registration needs a non-null address and length");
   }
   if (r.addr + r.length < r.addr) {
-    return Status(StatusCode::kInvalidArgument, "registration wraps the address space");
+    return Status::InvalidArgument("registration wraps the address space");
   }
   std::unique_lock lk(mu_);
   auto next = regions_.lower_bound(r.addr);
   if (next != regions_.end() && next->first < r.addr + r.length) {
-    return Status(StatusCode::kAlreadyExists,
-                  "range at " + Hex(r.addr) + " overlaps registration at " + Hex(next->first));
+    return Status::AlreadyExists("range at " + Hex(r.addr) + " overlaps registration at " +
+                                 Hex(next->first));
   }
   if (next != regions_.begin()) {
     auto prev = std::prev(next);
     if (prev->first + prev->second.length > r.addr) {
-      return Status(StatusCode::kAlreadyExists,
-                    "range at " + Hex(r.addr) + " overlaps registration at " + Hex(prev->first));
+      return Status::AlreadyExists("range at " + Hex(r.addr) + " overlaps registration at " +
+                                   Hex(prev->first));
     }
   }
   regions_.emplace(r.addr, r);
@@ -41,12 +41,11 @@ Result<Region> MemoryRegistry::Remove(uint64_t addr, bool owned) {
   std::unique_lock lk(mu_);
   auto it = regions_.find(addr);
   if (it == regions_.end()) {
-    return Status(StatusCode::kNotFound, "no registration starts at " + Hex(addr));
+    return Status::NotFound("no registration starts at " + Hex(addr));
   }
   if (it->second.owned != owned) {
-    return Status(StatusCode::kInvalidArgument,
-                  owned ? "memory not from AllocateMemory"
-                        : "memory from AllocateMemory is freed by FreeMemory");
+    return Status::InvalidArgument(owned ? "memory not from AllocateMemory"
+                                         : "memory from AllocateMemory is freed by FreeMemory");
   }
   Region r = it->second;
   regions_.erase(it);

@@ -9,8 +9,7 @@ namespace ferry {
 
 Result<SegmentAddress> ParseSegmentName(std::string_view name) {
   auto bad = [&] {
-    return Status(StatusCode::kInvalidArgument,
-                  "segment name '" + std::string(name) + "' is not host:port");
+    return Status::InvalidArgument("segment name '" + std::string(name) + "' is not host:port");
   };
   size_t colon = name.rfind(':');
   if (colon == std::string_view::npos || colon == 0 || colon + 1 == name.size()) return bad();
@@ -25,8 +24,7 @@ Result<SegmentAddress> ParseSegmentName(std::string_view name) {
   asio::error_code aec;
   asio::ip::make_address(std::string(host), aec);
   if (aec) {
-    return Status(StatusCode::kInvalidArgument,
-                  "segment host '" + std::string(host) + "' is not an IP address");
+    return Status::InvalidArgument("segment host '" + std::string(host) + "' is not an IP address");
   }
   return SegmentAddress{std::string(host), static_cast<uint16_t>(port)};
 }
@@ -36,8 +34,8 @@ Result<SegmentDescriptor> FetchDescriptor(const SegmentAddress& addr, Millis tim
   asio::io_context io;
   tcp::socket sock(io);
   const std::string who = addr.host + ":" + std::to_string(addr.port);
-  Status result(StatusCode::kTimeout,
-                "no descriptor from " + who + " within " + std::to_string(timeout.count()) + " ms");
+  Status result = Status::Timeout("no descriptor from " + who + " within " +
+                                  std::to_string(timeout.count()) + " ms");
   SegmentDescriptor desc;
   uint8_t out[wire::kHeaderSize];
   uint8_t in[wire::kHeaderSize];
@@ -47,17 +45,17 @@ Result<SegmentDescriptor> FetchDescriptor(const SegmentAddress& addr, Millis tim
   tcp::endpoint ep(asio::ip::make_address(addr.host), addr.port);
   sock.async_connect(ep, [&](asio::error_code ec) {
     if (ec) {
-      result = Status(StatusCode::kUnavailable, "cannot connect to " + who + ": " + ec.message());
+      result = Status::Unavailable("cannot connect to " + who + ": " + ec.message());
       return;
     }
     asio::async_write(sock, asio::buffer(out), [&](asio::error_code ec, size_t) {
       if (ec) {
-        result = Status(StatusCode::kConnectionLost, who + ": " + ec.message());
+        result = Status::ConnectionLost(who + ": " + ec.message());
         return;
       }
       asio::async_read(sock, asio::buffer(in), [&](asio::error_code ec, size_t) {
         if (ec) {
-          result = Status(StatusCode::kConnectionLost, who + " closed: " + ec.message());
+          result = Status::ConnectionLost(who + " closed: " + ec.message());
           return;
         }
         auto h = wire::DecodeHeader(in);
@@ -67,13 +65,13 @@ Result<SegmentDescriptor> FetchDescriptor(const SegmentAddress& addr, Millis tim
         }
         if (h.value().opcode != wire::Opcode::kDescriptor || h.value().id != 1 ||
             h.value().length > kMaxDescriptorBytes) {
-          result = Status(StatusCode::kProtocolError, who + " sent an unexpected reply");
+          result = Status::ProtocolError(who + " sent an unexpected reply");
           return;
         }
         payload.resize(h.value().length);
         asio::async_read(sock, asio::buffer(payload), [&](asio::error_code ec, size_t) {
           if (ec) {
-            result = Status(StatusCode::kConnectionLost, who + " closed: " + ec.message());
+            result = Status::ConnectionLost(who + " closed: " + ec.message());
             return;
           }
           auto d = DecodeDescriptor(payload.data(), payload.size());

@@ -16,7 +16,7 @@ Result<char*> MapPeerMemfd(uint32_t pid, int32_t memfd, uint64_t length) {
   struct stat st {};
   if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < length) {
     close(fd);
-    return Status(StatusCode::kIoError, path + " is smaller than its region");
+    return Status::IoError(path + " is smaller than its region");
   }
   // Populated here, off the data path: otherwise the first write into each
   // page of the peer's memory faults, and a put into a fresh mapping runs at

@@ -58,7 +58,7 @@ Status PeerTable::Close(SegmentId id) {
     std::lock_guard lk(mu_);
     auto it = segments_.find(id);
     if (it == segments_.end()) {
-      return Status(StatusCode::kNotFound, "unknown segment " + std::to_string(id));
+      return Status::NotFound("unknown segment " + std::to_string(id));
     }
     seg = std::move(it->second);
     segments_.erase(it);
@@ -78,7 +78,7 @@ void PeerTable::CloseAll() {
 
 Result<SegmentInfo> PeerTable::Info(SegmentId id) {
   auto seg = Find(id);
-  if (!seg) return Status(StatusCode::kNotFound, "unknown segment " + std::to_string(id));
+  if (!seg) return Status::NotFound("unknown segment " + std::to_string(id));
   if (seg->TakeStale()) FERRY_RETURN_IF_ERROR(Refresh(*seg));
   auto d = seg->descriptor();
   SegmentInfo info;
@@ -132,8 +132,7 @@ Status PeerTable::RefreshIfChanged(Segment& seg) {
     watch_->Wake();
     if (seg.TakeStale()) return Refresh(seg);  // the watch's refetch failed
     if (deadline.Expired()) {
-      return Status(StatusCode::kTimeout,
-                    "registration change at " + seg.name() + " not followed in time");
+      return Status::Timeout("registration change at " + seg.name() + " not followed in time");
     }
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }

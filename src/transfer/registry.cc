@@ -32,8 +32,8 @@ Result<std::unique_ptr<TransportSet>> TransportSet::Create(EngineContext& ctx, s
   for (const auto& reg : RegisteredTransports()) {
     auto t = reg.factory(ctx);
     if (std::string_view(t->caps().name) != reg.name) {
-      return Status(StatusCode::kInternal, std::string("transport registered as ") + reg.name +
-                                               " calls itself " + t->caps().name);
+      return Status::Internal(std::string("transport registered as ") + reg.name +
+                              " calls itself " + t->caps().name);
     }
     set->all_.push_back(std::move(t));
   }
@@ -47,8 +47,8 @@ Result<std::unique_ptr<TransportSet>> TransportSet::Create(EngineContext& ctx, s
     choices += std::string(t->caps().name) + ", ";
   }
   if (!forced.empty() && set->forced_ == nullptr) {
-    return Status(StatusCode::kInvalidArgument,
-                  "transport must be one of " + choices + "or empty, not '" + forced + "'");
+    return Status::InvalidArgument("transport must be one of " + choices + "or empty, not '" +
+                                   forced + "'");
   }
   const bool alone = set->forced_ != nullptr && set->forced_->caps().reach == Reach::kNetwork;
   for (const auto& t : set->all_) {
@@ -122,10 +122,10 @@ Result<TransportSet::Route> TransportSet::RouteTo(const std::shared_ptr<Segment>
   }
   const std::string how = forced_ == nullptr ? "" : std::string(" with ") + forced_->caps().name;
   if (gpu) {
-    return Status(StatusCode::kNotSupported,
-                  "no transport moves GPU memory to segment " + seg->name() + how + " yet");
+    return Status::NotSupported("no transport moves GPU memory to segment " + seg->name() + how +
+                                " yet");
   }
-  return Status(StatusCode::kUnavailable, "no transport can reach segment " + seg->name() + how);
+  return Status::Unavailable("no transport can reach segment " + seg->name() + how);
 }
 
 std::vector<FrameService*> TransportSet::frame_services() const {

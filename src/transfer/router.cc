@@ -15,7 +15,7 @@
 namespace ferry {
 
 Status Router::Validate(std::span<const Request> reqs, Segments* segs) const {
-  if (reqs.empty()) return Status(StatusCode::kInvalidArgument, "empty batch");
+  if (reqs.empty()) return Status::InvalidArgument("empty batch");
   for (size_t i = 0; i < reqs.size(); ++i) {
     const Request& r = reqs[i];
     auto bad = [i](StatusCode code, const std::string& why) {
@@ -58,9 +58,8 @@ Result<int> Router::CheckRemote(const Request& r, Segment& seg,
     FERRY_RETURN_IF_ERROR(peers_.Refresh(seg));
     if (auto where = find()) return *where;
   }
-  return Status(StatusCode::kOutOfRange,
-                fmt::format("0x{:x}+{} is not inside one registered buffer of {}", r.remote,
-                            r.length, seg.name()));
+  return Status::OutOfRange(fmt::format("0x{:x}+{} is not inside one registered buffer of {}",
+                                        r.remote, r.length, seg.name()));
 }
 
 Router::Sides Router::GpuSides(const Request& r, int remote_device) const {

@@ -101,8 +101,8 @@ class StreamRelay::Core : public std::enable_shared_from_this<StreamRelay::Core>
     Plan(*job);
     Slot* slot = Acquire(deadline);
     if (slot == nullptr) {
-      return Status(StatusCode::kUnavailable,
-                    "every stream-ordered staging slot stayed busy until the deadline");
+      return Status::Unavailable(
+          "every stream-ordered staging slot stayed busy until the deadline");
     }
     job->slot = slot;
     const uint32_t first = slot->seq + 1;
@@ -142,7 +142,7 @@ class StreamRelay::Core : public std::enable_shared_from_this<StreamRelay::Core>
       while (!Reached(LoadFlag(job->slot->gpu_flag), job->final_seq) && !grace.Expired()) {
         std::this_thread::sleep_for(Millis(1));
       }
-      Finish(*job, Status(StatusCode::kCancelled, "engine destroyed during the transfer"));
+      Finish(*job, Status::Cancelled("engine destroyed during the transfer"));
     }
     jobs_.clear();
   }
@@ -344,14 +344,11 @@ class StreamRelay::Core : public std::enable_shared_from_this<StreamRelay::Core>
   bool stopping_ = false;                 // guarded by mu_
 };
 
-std::unique_ptr<StreamRelay> StreamRelay::Create(gpu::Copier* copier, size_t slots,
-                                                 size_t slot_bytes, Millis request_timeout) {
+Result<std::unique_ptr<StreamRelay>> StreamRelay::Create(gpu::Copier* copier, size_t slots,
+                                                         size_t slot_bytes,
+                                                         Millis request_timeout) {
   auto core = std::make_shared<Core>(copier, slot_bytes, request_timeout);
-  Status st = core->Init(slots);
-  if (!st.ok()) {
-    FERRY_LOG_WARN("stream relay: no staging slots: {}", st.ToString());
-    return nullptr;
-  }
+  FERRY_RETURN_IF_ERROR(core->Init(slots));
   return std::unique_ptr<StreamRelay>(new StreamRelay(std::move(core)));
 }
 

@@ -44,9 +44,9 @@ class StreamRelay {
     bool gpu_remote = false;  // as Task::gpu_remote
   };
 
-  // Null (with a warning) when the slots cannot be allocated.
-  static std::unique_ptr<StreamRelay> Create(gpu::Copier* copier, size_t slots, size_t slot_bytes,
-                                             Millis request_timeout);
+  // The error of the allocation when the slots cannot be had.
+  static Result<std::unique_ptr<StreamRelay>> Create(gpu::Copier* copier, size_t slots,
+                                                     size_t slot_bytes, Millis request_timeout);
   ~StreamRelay();
 
   size_t slot_bytes() const;

@@ -119,8 +119,7 @@ Result<std::unique_ptr<Batch>> Submitter::Submit(std::span<const Request> reqs,
 Result<std::unique_ptr<Batch>> Submitter::SubmitOnStream(std::span<const Request> reqs,
                                                          void* stream) {
   if (!copier_) {
-    return Status(StatusCode::kNotSupported,
-                  "stream-ordered transfers need a GPU (" + gpu::Describe() + ")");
+    return Status::NotSupported("stream-ordered transfers need a GPU (" + gpu::Describe() + ")");
   }
   Router::Segments segs;
   FERRY_RETURN_IF_ERROR(router_.Validate(reqs, &segs));
@@ -154,7 +153,7 @@ Result<std::unique_ptr<Batch>> Submitter::SubmitOnStream(std::span<const Request
       Result<Endpoint::Mapped> mapped =
           transport->caps().stream_path == StreamPath::kMapped
               ? ep->MapForStream(r.remote, r.length)
-              : Status(StatusCode::kNotSupported, "this transport has no stream-ordered path");
+              : Status::NotSupported("this transport has no stream-ordered path");
       std::string_view via = transport->caps().name;
       if (!mapped.ok() && sides.remote >= 0 && Router::InThisProcess(*seg)) {
         // GPU memory of another engine of this process: relaying would make
@@ -175,8 +174,7 @@ Result<std::unique_ptr<Batch>> Submitter::SubmitOnStream(std::span<const Request
       }
     }
     if (!relay_) {
-      return ForRequest(
-          i, Status(StatusCode::kNotSupported, "no staging for stream-ordered transfers"));
+      return ForRequest(i, Status::NotSupported("no staging for stream-ordered transfers"));
     }
     // Relayed: a host-memory path to the target, which stages its own GPU memory.
     if (sides.remote < 0) {
@@ -185,10 +183,9 @@ Result<std::unique_ptr<Batch>> Submitter::SubmitOnStream(std::span<const Request
       transport = host.value().transport;
       ep = host.value().endpoint;
     } else if (!transport->caps().target_stages_gpu) {
-      return ForRequest(
-          i, Status(StatusCode::kNotSupported, std::string("GPU memory at ") + seg->name() +
-                                                   " is not reachable by " +
-                                                   transport->caps().name + " from a stream"));
+      return ForRequest(i, Status::NotSupported(std::string("GPU memory at ") + seg->name() +
+                                                " is not reachable by " + transport->caps().name +
+                                                " from a stream"));
     }
     uint64_t slice = std::min<uint64_t>(transport->caps().max_task_bytes, relay_->slot_bytes());
     for (uint64_t off = 0; off < r.length; off += slice) {

@@ -97,7 +97,7 @@ class Endpoint {
   virtual Result<Mapped> MapForStream(uint64_t remote, uint64_t length) {
     (void)remote;
     (void)length;
-    return Status(StatusCode::kNotSupported, "this transport has no stream-ordered path");
+    return Status::NotSupported("this transport has no stream-ordered path");
   }
   // The owner's registrations changed; `fresh` is its new descriptor, same
   // epoch. Called before any request sees `fresh`, possibly from several

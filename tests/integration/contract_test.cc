@@ -56,6 +56,24 @@ TEST(EngineContract, CreateRefusesWhatItCannotServe) {
   close(busy);
 }
 
+TEST(EngineContract, CreateRefusesAMalformedEnvironmentVariable) {
+  for (const char* name :
+       {"FERRY_TCP_LANES", "FERRY_MAX_CONNECTIONS", "FERRY_STAGING_WRITEBACK", "FERRY_LOG_LEVEL"}) {
+    setenv(name, "abc", 1);
+    auto e = Engine::Create({});
+    unsetenv(name);
+    ASSERT_FALSE(e.ok()) << name;
+    EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument) << name;
+    EXPECT_NE(e.status().message().find(name), std::string::npos) << e.status().ToString();
+    EXPECT_NE(e.status().message().find("'abc'"), std::string::npos) << e.status().ToString();
+  }
+  setenv("FERRY_TCP_LANES", "2", 1);  // a well-formed value still applies
+  EXPECT_EQ(CreateFails({}), StatusCode::kOk);
+  setenv("FERRY_TCP_LANES", "0", 1);
+  EXPECT_EQ(CreateFails({}), StatusCode::kInvalidArgument);
+  unsetenv("FERRY_TCP_LANES");
+}
+
 TEST(EngineContract, AllocatedAndRegisteredMemoryGoTheirOwnWays) {
   auto e = Engine::Create({}).value();
   EXPECT_EQ(e->AllocateMemory(0).status().code(), StatusCode::kInvalidArgument);

@@ -46,7 +46,7 @@ Result<Peer> StartPeer(uint64_t alloc_bytes, uint64_t heap_bytes, uint16_t port,
   auto line = proc.value()->ReadLine(std::chrono::seconds(20));
   if (!line.ok()) return line.status();
   auto j = nlohmann::json::parse(line.value(), nullptr, false);
-  if (j.is_discarded()) return Status(StatusCode::kInternal, "peer said: " + line.value());
+  if (j.is_discarded()) return Status::Internal("peer said: " + line.value());
   Peer p;
   p.proc = std::move(proc).value();
   p.segment = j["segment"];

@@ -8,6 +8,7 @@
 #include <set>
 #include <thread>
 
+#include "store/client/testing.h"
 #include "store/rpc/master_client.h"
 #include "store_cluster.h"
 
@@ -131,12 +132,13 @@ void SlowReader(Millis lease, Millis delay, bool lease_outlasts_reader) {
   auto writer = Client(c.value().master.address);
   ASSERT_TRUE(writer.ok());
   StoreOptions ro;
-  ro.read_delay = delay;
-  auto reader = Client(c.value().master.address, ro);
+  ro.master = c.value().master.address;
+  ro.local_memory = 0;
+  auto reader = store::testing::CreateWithReadDelay(ro, delay);
   ASSERT_TRUE(reader.ok());
   const auto original = Pattern(1 << 20, 1);
   ASSERT_TRUE(writer.value()->Put("victim", original).ok());
-  Result<std::vector<uint8_t>> got = Status(StatusCode::kInternal, "not run");
+  Result<std::vector<uint8_t>> got = Status::Internal("not run");
   std::atomic<bool> started{false};
   std::thread t([&] {
     started = true;

@@ -21,12 +21,11 @@ from ..engine import READ, WRITE, Request, Transfer
 from ..engine import TransferEngine as _Engine
 from ..errors import FerryError, InvalidArgument, Timeout
 
+# Mooncake's protocol names, shared with the compat store.
+from .mooncake_errors import _AUTO_PROTOCOLS, _FORCED_PROTOCOLS, P2PHANDSHAKE
+
 log = logging.getLogger("ferry.compat.mooncake")
 
-P2PHANDSHAKE = "P2PHANDSHAKE"
-# Mooncake protocols that mean "the fastest path": Ferry picks per peer.
-_AUTO_PROTOCOLS = {"", "rdma", "nvlink", "nvlink_intra", "efa", "barex", "hip", "cxl"}
-_FORCED_PROTOCOLS = {"tcp", "shm"}
 _FAILED = -1
 
 

@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "store/client/store_impl.h"
+#include "store/client/testing.h"
 #include "store/master/service.h"
 #include "store/node/core.h"
 #include "store/node/node.h"
@@ -36,7 +37,8 @@ class EmbeddedStore final : public Store::Impl {
     engine_.reset();
   }
 
-  static Result<std::unique_ptr<Store::Impl>> Create(const StoreOptions& options) {
+  static Result<std::unique_ptr<Store::Impl>> Create(const StoreOptions& options,
+                                                     Millis read_delay) {
     if (options.replicas == 0) {
       return Status::InvalidArgument("replicas must be at least 1");
     }
@@ -65,7 +67,7 @@ class EmbeddedStore final : public Store::Impl {
     }
     s->core_ = std::make_unique<store::StoreCore>(
         *s->engine_, *s->client_, s->node_.get(),
-        store::CoreOptions{options.replicas, options.prefer_local, options.read_delay});
+        store::CoreOptions{options.replicas, options.prefer_local, read_delay});
     return std::unique_ptr<Store::Impl>(std::move(s));
   }
 
@@ -174,9 +176,18 @@ Store::Store(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Store::~Store() = default;
 
 Result<std::unique_ptr<Store>> Store::Create(StoreOptions options) {
-  FERRY_ASSIGN_OR_RETURN(auto impl, EmbeddedStore::Create(options));
-  return std::unique_ptr<Store>(new Store(std::move(impl)));
+  FERRY_ASSIGN_OR_RETURN(auto impl, EmbeddedStore::Create(options, Millis(0)));
+  return std::make_unique<Store>(std::move(impl));
 }
+
+namespace store::testing {
+
+Result<std::unique_ptr<Store>> CreateWithReadDelay(StoreOptions options, Millis delay) {
+  FERRY_ASSIGN_OR_RETURN(auto impl, EmbeddedStore::Create(options, delay));
+  return std::make_unique<Store>(std::move(impl));
+}
+
+}  // namespace store::testing
 
 Result<std::unique_ptr<Store>> Store::Attach(const std::string& socket_path,
                                              StoreOptions options) {

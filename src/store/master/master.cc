@@ -45,7 +45,7 @@ Master::Shard& Master::ShardOf(const std::string& key) {
 
 Status Master::Mount(const std::string& node, const std::vector<Region>& regions) {
   if (node.empty() || node.size() > 256) {
-    return Status(StatusCode::kInvalidArgument, "node name must be 1 to 256 bytes");
+    return Status::InvalidArgument("node name must be 1 to 256 bytes");
   }
   uint64_t replaced = 0;
   auto gen = space_.Mount(node, regions, &replaced);
@@ -58,14 +58,14 @@ Status Master::Mount(const std::string& node, const std::vector<Region>& regions
 
 Status Master::Heartbeat(const std::string& node) {
   if (!space_.Touch(node)) {
-    return Status(StatusCode::kNotFound, "node " + node + " is not mounted");
+    return Status::NotFound("node " + node + " is not mounted");
   }
   return Status::Ok();
 }
 
 Status Master::Unmount(const std::string& node) {
   const uint64_t gen = space_.Unmount(node);
-  if (gen == 0) return Status(StatusCode::kNotFound, "node " + node + " is not mounted");
+  if (gen == 0) return Status::NotFound("node " + node + " is not mounted");
   DropNode(node, gen);
   return Status::Ok();
 }
@@ -109,21 +109,19 @@ void Master::FreeLater(std::vector<Allocation> replicas, Clock::time_point until
 Result<PutGrant> Master::PutBegin(const PutSpec& spec, const std::string& client_node) {
   FERRY_RETURN_IF_ERROR(CheckKey(spec.key));
   if (spec.size == 0 || spec.size > options_.max_object_size) {
-    return Status(StatusCode::kInvalidArgument, "size " + std::to_string(spec.size) +
-                                                    " outside 1.." +
-                                                    std::to_string(options_.max_object_size));
+    return Status::InvalidArgument("size " + std::to_string(spec.size) + " outside 1.." +
+                                   std::to_string(options_.max_object_size));
   }
   if (spec.replicas == 0 || spec.replicas > options_.max_replicas) {
-    return Status(StatusCode::kInvalidArgument,
-                  "replicas must be 1.." + std::to_string(options_.max_replicas));
+    return Status::InvalidArgument("replicas must be 1.." + std::to_string(options_.max_replicas));
   }
   Shard& shard = ShardOf(spec.key);
   {
     std::lock_guard lock(shard.mu);
     auto it = shard.objects.find(spec.key);
     if (it != shard.objects.end()) {
-      if (it->second.complete) return Status(StatusCode::kAlreadyExists, "key exists");
-      return Status(StatusCode::kBusy, "another put of this key is open");
+      if (it->second.complete) return Status::AlreadyExists("key exists");
+      return Status::Busy("another put of this key is open");
     }
   }
   Placement p{spec.size, spec.replicas, spec.preferred.empty() ? client_node : spec.preferred};
@@ -137,8 +135,7 @@ Result<PutGrant> Master::PutBegin(const PutSpec& spec, const std::string& client
   if (!alloc.ok()) {
     if (alloc.status().code() != StatusCode::kResourceExhausted) return alloc.status();
     const MasterStats st = Stats();
-    return Status(
-        StatusCode::kResourceExhausted,
+    return Status::ResourceExhausted(
         fmt::format("{}: {} of {} bytes in use, {} fenced by leases or write grace, "
                     "nothing evictable",
                     alloc.status().message(), st.space.used, st.space.capacity, st.deferred_bytes));
@@ -157,7 +154,7 @@ Result<PutGrant> Master::PutBegin(const PutSpec& spec, const std::string& client
     auto [it, inserted] = shard.objects.try_emplace(spec.key, obj);
     if (!inserted) {  // lost a race with another put of the same key
       FreeLater(std::move(obj.replicas), now);
-      return Status(StatusCode::kBusy, "another put of this key is open");
+      return Status::Busy("another put of this key is open");
     }
     ++objects_;
   }
@@ -172,8 +169,8 @@ Status Master::PutEnd(const std::string& key, uint64_t put_id, bool commit) {
   auto it = shard.objects.find(key);
   const auto now = Clock::now();
   if (it == shard.objects.end() || it->second.complete || it->second.put_id != put_id) {
-    return Status(StatusCode::kNotFound, "no open put " + std::to_string(put_id) +
-                                             " of this key (expired, aborted or node lost)");
+    return Status::NotFound("no open put " + std::to_string(put_id) +
+                            " of this key (expired, aborted or node lost)");
   }
   if (commit && now < it->second.put_deadline) {
     it->second.complete = true;
@@ -185,7 +182,7 @@ Status Master::PutEnd(const std::string& key, uint64_t put_id, bool commit) {
   shard.objects.erase(it);
   --objects_;
   FERRY_COUNT(puts_aborted, 1);
-  if (commit) return Status(StatusCode::kTimeout, "the put expired before its commit");
+  if (commit) return Status::Timeout("the put expired before its commit");
   return Status::Ok();
 }
 
@@ -196,7 +193,7 @@ Result<GetGrant> Master::Get(const std::string& key) {
   auto it = shard.objects.find(key);
   if (it == shard.objects.end() || !it->second.complete) {
     FERRY_COUNT(get_misses, 1);
-    return Status(StatusCode::kNotFound, "no such key");
+    return Status::NotFound("no such key");
   }
   const auto now = Clock::now();
   const uint64_t lease_id = next_lease_id_++;
@@ -220,7 +217,7 @@ Status Master::ReleaseLease(const std::string& key, uint64_t lease_id) {
       return Status::Ok();
     }
   }
-  return Status(StatusCode::kNotFound, "no such lease (ended, or the key is gone)");
+  return Status::NotFound("no such lease (ended, or the key is gone)");
 }
 
 Clock::time_point Master::Object::LeaseEnd(Clock::time_point now) {
@@ -237,7 +234,7 @@ Status Master::Exists(const std::string& key) {
   std::lock_guard lock(shard.mu);
   auto it = shard.objects.find(key);
   if (it == shard.objects.end() || !it->second.complete) {
-    return Status(StatusCode::kNotFound, "no such key");
+    return Status::NotFound("no such key");
   }
   return Status::Ok();
 }
@@ -247,16 +244,16 @@ Status Master::Remove(const std::string& key, bool force) {
   Shard& shard = ShardOf(key);
   std::lock_guard lock(shard.mu);
   auto it = shard.objects.find(key);
-  if (it == shard.objects.end()) return Status(StatusCode::kNotFound, "no such key");
+  if (it == shard.objects.end()) return Status::NotFound("no such key");
   return RemoveLocked(shard, it, force, Clock::now());
 }
 
 Status Master::RemoveLocked(Shard& shard, std::unordered_map<std::string, Object>::iterator it,
                             bool force, Clock::time_point now) {
   Object& o = it->second;
-  if (!force && !o.complete) return Status(StatusCode::kBusy, "the key is being written");
+  if (!force && !o.complete) return Status::Busy("the key is being written");
   const auto lease_end = o.LeaseEnd(now);
-  if (!force && lease_end > now) return Status(StatusCode::kBusy, "the key is leased");
+  if (!force && lease_end > now) return Status::Busy("the key is leased");
   auto until = o.complete ? lease_end : now + options_.write_grace;
   FreeLater(std::move(o.replicas), until);
   shard.objects.erase(it);
@@ -286,7 +283,7 @@ Status Master::SetPin(const std::string& key, StorePin pin, Millis ttl) {
   std::lock_guard lock(shard.mu);
   auto it = shard.objects.find(key);
   if (it == shard.objects.end() || !it->second.complete) {
-    return Status(StatusCode::kNotFound, "no such key");
+    return Status::NotFound("no such key");
   }
   it->second.pin = pin;
   it->second.pin_until = Clock::now() + ttl;

@@ -19,7 +19,7 @@ constexpr uint64_t kMaxTtlMs = 365ull * 24 * 3600 * 1000;
 
 Status CheckPin(int kind, uint64_t ttl_ms) {
   if (!pb::PinKind_IsValid(kind) || ttl_ms > kMaxTtlMs) {
-    return Status(StatusCode::kInvalidArgument, "unknown pin kind or TTL over a year");
+    return Status::InvalidArgument("unknown pin kind or TTL over a year");
   }
   return Status::Ok();
 }
@@ -281,7 +281,7 @@ int MasterServer::http_port() const { return impl_->http_port; }
 Result<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterServerOptions& o) {
   if (o.master.low_watermark > o.master.high_watermark || o.master.high_watermark > 1.0 ||
       o.master.low_watermark < 0) {
-    return Status(StatusCode::kInvalidArgument, "watermarks need 0 <= low <= high <= 1");
+    return Status::InvalidArgument("watermarks need 0 <= low <= high <= 1");
   }
   auto impl = std::make_unique<Impl>(o.master);
   grpc::ServerBuilder builder;
@@ -292,8 +292,7 @@ Result<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterServerOpti
   builder.SetMaxReceiveMessageSize(64 << 20);
   impl->server = builder.BuildAndStart();
   if (impl->server == nullptr || port == 0) {
-    return Status(StatusCode::kUnavailable,
-                  "cannot serve gRPC on " + o.host + ":" + std::to_string(o.port));
+    return Status::Unavailable("cannot serve gRPC on " + o.host + ":" + std::to_string(o.port));
   }
   impl->address = o.host + ":" + std::to_string(port);
   if (o.http_port >= 0) {
@@ -308,8 +307,7 @@ Result<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterServerOpti
                               : (raw->http.bind_to_port(o.host, o.http_port) ? o.http_port : -1);
     if (hp <= 0) {
       raw->server->Shutdown();
-      return Status(StatusCode::kUnavailable,
-                    "cannot serve HTTP on port " + std::to_string(o.http_port));
+      return Status::Unavailable("cannot serve HTTP on port " + std::to_string(o.http_port));
     }
     raw->http_port = hp;
     raw->http_thread = std::thread([raw] { raw->http.listen_after_bind(); });

@@ -14,8 +14,8 @@ Result<uint64_t> Space::Mount(const std::string& node, const std::vector<Region>
                               uint64_t* replaced) {
   *replaced = 0;
   if (regions.empty() || regions.size() > kMaxRegions) {
-    return Status(StatusCode::kInvalidArgument,
-                  "a mount needs 1 to " + std::to_string(kMaxRegions) + " regions");
+    return Status::InvalidArgument("a mount needs 1 to " + std::to_string(kMaxRegions) +
+                                   " regions");
   }
   std::vector<Region> sorted = regions;
   std::sort(sorted.begin(), sorted.end(),
@@ -23,11 +23,11 @@ Result<uint64_t> Space::Mount(const std::string& node, const std::vector<Region>
   for (size_t i = 0; i < sorted.size(); ++i) {
     const Region& r = sorted[i];
     if (r.base == 0 || r.size < OffsetAllocator::kAlign || r.base + r.size < r.base) {
-      return Status(StatusCode::kInvalidArgument,
-                    "region " + std::to_string(i) + " is null, smaller than 64 bytes or wraps");
+      return Status::InvalidArgument("region " + std::to_string(i) +
+                                     " is null, smaller than 64 bytes or wraps");
     }
     if (i > 0 && sorted[i - 1].base + sorted[i - 1].size > r.base) {
-      return Status(StatusCode::kInvalidArgument, "regions overlap");
+      return Status::InvalidArgument("regions overlap");
     }
   }
   std::lock_guard lock(mu_);
@@ -120,9 +120,8 @@ void Space::FreeOn(Node& node, const std::vector<Extent>& extents) {
 Result<std::vector<Allocation>> Space::Allocate(const Placement& p) {
   std::lock_guard lock(mu_);
   if (nodes_.size() < p.replicas) {
-    return Status(StatusCode::kInvalidArgument, std::to_string(p.replicas) +
-                                                    " replicas need as many nodes; " +
-                                                    std::to_string(nodes_.size()) + " mounted");
+    return Status::InvalidArgument(std::to_string(p.replicas) + " replicas need as many nodes; " +
+                                   std::to_string(nodes_.size()) + " mounted");
   }
   std::vector<std::pair<const std::string*, Node*>> order;
   for (auto& [name, n] : nodes_) order.emplace_back(&name, &n);
@@ -139,8 +138,8 @@ Result<std::vector<Allocation>> Space::Allocate(const Placement& p) {
   }
   if (out.size() < p.replicas) {
     for (const auto& a : out) FreeOn(nodes_.at(a.node), a.extents);
-    return Status(StatusCode::kResourceExhausted, "no room for " + std::to_string(p.replicas) +
-                                                      " x " + std::to_string(p.size) + " bytes");
+    return Status::ResourceExhausted("no room for " + std::to_string(p.replicas) + " x " +
+                                     std::to_string(p.size) + " bytes");
   }
   return out;
 }

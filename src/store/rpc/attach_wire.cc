@@ -17,7 +17,7 @@ Status Wait(int sock, short events, Deadline deadline) {
   for (;;) {
     auto left = std::chrono::duration_cast<Millis>(deadline.Remaining()).count();
     if (left <= 0 && deadline.Expired()) {
-      return Status(StatusCode::kTimeout, "the attach socket's deadline passed");
+      return Status::Timeout("the attach socket's deadline passed");
     }
     pollfd p{sock, events, 0};
     int r = poll(&p, 1, static_cast<int>(std::min<int64_t>(std::max<int64_t>(left, 1), 1 << 30)));
@@ -25,16 +25,15 @@ Status Wait(int sock, short events, Deadline deadline) {
     if (r < 0) return Status::FromErrno(errno, "poll");
     if (r == 0) continue;  // the loop head decides whether the deadline passed
     if (p.revents & (POLLERR | POLLNVAL)) {
-      return Status(StatusCode::kConnectionLost, "the attach socket failed");
+      return Status::ConnectionLost("the attach socket failed");
     }
     return Status::Ok();  // readable, writable or hung up: the next call says which
   }
 }
 
 Status Lost(int err) {
-  return Status(StatusCode::kConnectionLost,
-                err == 0 ? std::string("the peer closed the attach socket")
-                         : std::string("attach socket: ") + std::strerror(err));
+  return Status::ConnectionLost(err == 0 ? std::string("the peer closed the attach socket")
+                                         : std::string("attach socket: ") + std::strerror(err));
 }
 
 void CloseFds(const std::vector<int>& fds) {
@@ -63,7 +62,7 @@ Status ReadAll(int sock, uint8_t* dst, size_t n, Deadline deadline, std::vector<
         }
       }
       if (msg.msg_flags & MSG_CTRUNC) {
-        return Status(StatusCode::kProtocolError, "too many file descriptors in one frame");
+        return Status::ProtocolError("too many file descriptors in one frame");
       }
       dst += r;
       n -= static_cast<size_t>(r);
@@ -82,9 +81,8 @@ Status ReadAll(int sock, uint8_t* dst, size_t n, Deadline deadline, std::vector<
 Status Send(int sock, Type type, uint64_t id, uint32_t deadline_ms, StatusCode code,
             std::span<const uint8_t> payload, Deadline deadline, int fd) {
   if (payload.size() > kMaxPayload) {
-    return Status(StatusCode::kInvalidArgument,
-                  "attach request of " + std::to_string(payload.size()) + " bytes; at most " +
-                      std::to_string(kMaxPayload));
+    return Status::InvalidArgument("attach request of " + std::to_string(payload.size()) +
+                                   " bytes; at most " + std::to_string(kMaxPayload));
   }
   std::vector<uint8_t> head;
   head.reserve(kHeaderBytes);
@@ -165,20 +163,18 @@ Result<Frame> Receive(int sock, Deadline first_byte, Millis rest) {
     const uint8_t pad = r.U8();
     const uint16_t pad2 = r.U16();
     if (magic != kMagic) {
-      st = Status(StatusCode::kProtocolError, "not an attach frame (wrong magic)");
+      st = Status::ProtocolError("not an attach frame (wrong magic)");
     } else if (version != kVersion) {
-      st = Status(StatusCode::kProtocolError,
-                  "attach protocol version " + std::to_string(version) + "; this build speaks " +
-                      std::to_string(kVersion));
+      st = Status::ProtocolError("attach protocol version " + std::to_string(version) +
+                                 "; this build speaks " + std::to_string(kVersion));
     } else if (type < 1 || type > kLastType) {
-      st = Status(StatusCode::kProtocolError, "unknown attach message type " + std::to_string(type));
+      st = Status::ProtocolError("unknown attach message type " + std::to_string(type));
     } else if (length > kMaxPayload) {
-      st = Status(StatusCode::kProtocolError,
-                  "attach frame of " + std::to_string(length) + " bytes; at most " +
-                      std::to_string(kMaxPayload));
+      st = Status::ProtocolError("attach frame of " + std::to_string(length) + " bytes; at most " +
+                                 std::to_string(kMaxPayload));
     } else if (code > static_cast<uint8_t>(kLastStatusCode) || pad != 0 || pad2 != 0 ||
                f.deadline_ms > kMaxDeadlineMs) {
-      st = Status(StatusCode::kProtocolError, "malformed attach frame header");
+      st = Status::ProtocolError("malformed attach frame header");
     }
     f.type = static_cast<Type>(type);
     f.code = static_cast<StatusCode>(code);
@@ -188,7 +184,7 @@ Result<Frame> Receive(int sock, Deadline first_byte, Millis rest) {
     st = ReadAll(sock, f.payload.data(), length, body, &fds);
   }
   if (st.ok() && fds.size() > 1) {
-    st = Status(StatusCode::kProtocolError, "more than one file descriptor in one frame");
+    st = Status::ProtocolError("more than one file descriptor in one frame");
   }
   if (!st.ok()) {
     CloseFds(fds);

@@ -21,11 +21,10 @@ inline constexpr size_t kMaxRegions = 64;
 // InvalidArgument unless 1 <= key size <= Store::kMaxKeyBytes; every side
 // checks keys before using or sending them.
 inline Status CheckKey(std::string_view key) {
-  if (key.empty()) return Status(StatusCode::kInvalidArgument, "empty key");
+  if (key.empty()) return Status::InvalidArgument("empty key");
   if (key.size() > Store::kMaxKeyBytes) {
-    return Status(StatusCode::kInvalidArgument, "key of " + std::to_string(key.size()) +
-                                                    " bytes; the limit is " +
-                                                    std::to_string(Store::kMaxKeyBytes));
+    return Status::InvalidArgument("key of " + std::to_string(key.size()) +
+                                   " bytes; the limit is " + std::to_string(Store::kMaxKeyBytes));
   }
   return Status::Ok();
 }

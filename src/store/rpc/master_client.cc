@@ -38,25 +38,25 @@ Status FromGrpc(const grpc::Status& st, const char* call) {
 Result<std::vector<StoreReplica>> ReadReplicas(
     const google::protobuf::RepeatedPtrField<pb::Replica>& in, uint64_t size) {
   if (in.empty() || in.size() > kMaxReplicas) {
-    return Status(StatusCode::kProtocolError, "master sent no or too many replicas");
+    return Status::ProtocolError("master sent no or too many replicas");
   }
   std::vector<StoreReplica> out;
   for (const auto& r : in) {
     if (r.extents().empty() || r.extents_size() > kMaxReplicaExtents) {
-      return Status(StatusCode::kProtocolError, "master sent a replica with bad extents");
+      return Status::ProtocolError("master sent a replica with bad extents");
     }
     StoreReplica rep;
     uint64_t total = 0;
     for (const auto& e : r.extents()) {
       if (e.segment().empty() || e.length() == 0 || e.addr() == 0 ||
           e.addr() + e.length() < e.addr() || e.length() > size) {
-        return Status(StatusCode::kProtocolError, "master sent a malformed extent");
+        return Status::ProtocolError("master sent a malformed extent");
       }
       total += e.length();
       rep.extents.push_back({e.segment(), e.addr(), e.length()});
     }
     if (total != size) {
-      return Status(StatusCode::kProtocolError, "master sent extents that do not cover the value");
+      return Status::ProtocolError("master sent extents that do not cover the value");
     }
     out.push_back(std::move(rep));
   }
@@ -78,7 +78,7 @@ Millis Term(uint64_t ms) { return Millis(std::min<uint64_t>(ms, 24ull * 3600 * 1
 // ProtocolError unless the master answered `n` items.
 Status CheckCount(int answered, size_t n) {
   if (static_cast<size_t>(answered) != n) {
-    return Status(StatusCode::kProtocolError, "master answered a different number of items");
+    return Status::ProtocolError("master answered a different number of items");
   }
   return Status::Ok();
 }
@@ -112,7 +112,7 @@ MasterClient::~MasterClient() = default;
 Result<std::unique_ptr<MasterClient>> MasterClient::Connect(const std::string& address,
                                                             Millis rpc_timeout) {
   if (address.empty() || address.find(':') == std::string::npos) {
-    return Status(StatusCode::kInvalidArgument, "master address must be host:port");
+    return Status::InvalidArgument("master address must be host:port");
   }
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);

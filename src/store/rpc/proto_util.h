@@ -14,7 +14,7 @@ inline void SetStatus(const Status& st, v1::ItemStatus* out) {
 // A status from the network: unknown codes become ProtocolError.
 inline Status FromProto(const v1::ItemStatus& s) {
   if (s.code() > static_cast<uint32_t>(kLastStatusCode)) {
-    return Status(StatusCode::kProtocolError, "unknown status code " + std::to_string(s.code()));
+    return Status::ProtocolError("unknown status code " + std::to_string(s.code()));
   }
   if (s.code() == 0) return Status::Ok();
   return Status(static_cast<StatusCode>(s.code()), s.message());

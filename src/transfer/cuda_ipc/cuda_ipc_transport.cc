@@ -158,7 +158,7 @@ class CudaIpcEndpoint : public Endpoint, public std::enable_shared_from_this<Cud
 
   Result<Mapped> MapForStream(uint64_t remote, uint64_t length) override {
     if (closed_.load(std::memory_order_acquire)) {
-      return Status(StatusCode::kCancelled, "segment closed");
+      return Status::Cancelled("segment closed");
     }
     auto m = Lookup(remote, length);
     if (!m) return Unreachable(remote, length);
@@ -196,8 +196,8 @@ class CudaIpcEndpoint : public Endpoint, public std::enable_shared_from_this<Cud
   }
 
   Status Unreachable(uint64_t remote, uint64_t length) const {
-    return Status(StatusCode::kOutOfRange,
-                  fmt::format("0x{:x}+{} is not GPU-reachable at {}", remote, length, name_));
+    return Status::OutOfRange(
+        fmt::format("0x{:x}+{} is not GPU-reachable at {}", remote, length, name_));
   }
 
   // Imports one region, as its blob `how` says; nullopt, logged, when it
@@ -245,7 +245,7 @@ class CudaIpcEndpoint : public Endpoint, public std::enable_shared_from_this<Cud
   void Run(const Task& t, std::shared_ptr<const Mapping> m) {
     Status st = CheckRunnable(t, closed_.load(std::memory_order_acquire));
     if (st.ok() && kill(static_cast<pid_t>(pid_), 0) != 0 && errno == ESRCH) {
-      st = Status(StatusCode::kConnectionLost, name_ + " has exited");
+      st = Status::ConnectionLost(name_ + " has exited");
     }
     if (st.ok() && !m) st = Unreachable(t.remote, t.length);
     if (!st.ok()) return t.Done(st);

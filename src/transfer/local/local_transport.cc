@@ -27,8 +27,7 @@ class LocalEndpoint : public Endpoint, public std::enable_shared_from_this<Local
 
   Result<Mapped> MapForStream(uint64_t remote, uint64_t length) override {
     if (!registry_.Find(remote, length)) {
-      return Status(StatusCode::kOutOfRange,
-                    fmt::format("0x{:x}+{} is not registered locally", remote, length));
+      return Status::OutOfRange(fmt::format("0x{:x}+{} is not registered locally", remote, length));
     }
     return Mapped{reinterpret_cast<void*>(remote), nullptr};
   }
@@ -37,8 +36,8 @@ class LocalEndpoint : public Endpoint, public std::enable_shared_from_this<Local
   void Run(const Task& t) const {
     Status st = CheckRunnable(t, closed_.load(std::memory_order_acquire));
     if (st.ok() && !registry_.Find(t.remote, t.length)) {
-      st = Status(StatusCode::kOutOfRange,
-                  fmt::format("0x{:x}+{} is not registered locally", t.remote, t.length));
+      st = Status::OutOfRange(
+          fmt::format("0x{:x}+{} is not registered locally", t.remote, t.length));
     }
     if (!st.ok()) return t.Done(st);
     char* remote = reinterpret_cast<char*>(t.remote);

@@ -85,13 +85,12 @@ class ShmEndpoint : public Endpoint, public std::enable_shared_from_this<ShmEndp
     FERRY_RETURN_IF_ERROR(CheckRunnable(t, closed_.load(std::memory_order_acquire)));
     if (PeerGone()) {
       if (auto seg = segment_.lock()) seg->MarkStale();
-      return Status(StatusCode::kConnectionLost,
-                    name_ + " (pid " + std::to_string(desc_->pid) + ") has exited");
+      return Status::ConnectionLost(name_ + " (pid " + std::to_string(desc_->pid) + ") has exited");
     }
     const RegionDesc* r = desc_->Find(t.remote, t.length);
     if (r == nullptr) {
-      return Status(StatusCode::kOutOfRange,
-                    fmt::format("0x{:x}+{} is not registered at {}", t.remote, t.length, name_));
+      return Status::OutOfRange(
+          fmt::format("0x{:x}+{} is not registered at {}", t.remote, t.length, name_));
     }
     if (const int32_t memfd = DecodeMemfd(desc_->BlobOf(*r, transport_)); memfd >= 0) {
       auto base = Map(*r, memfd);
@@ -129,15 +128,15 @@ class ShmEndpoint : public Endpoint, public std::enable_shared_from_this<ShmEndp
                                      : process_vm_readv(pid, &local, 1, &remote, 1, 0);
       if (n < 0) {
         if (errno == EINTR) continue;
-        if (errno == ESRCH) return Status(StatusCode::kConnectionLost, name_ + " has exited");
+        if (errno == ESRCH) return Status::ConnectionLost(name_ + " has exited");
         if (errno == EFAULT) {
-          return Status(StatusCode::kOutOfRange,
-                        fmt::format("0x{:x}+{} is not mapped at {}", t.remote, t.length, name_));
+          return Status::OutOfRange(
+              fmt::format("0x{:x}+{} is not mapped at {}", t.remote, t.length, name_));
         }
         return Status::FromErrno(errno,
                                  t.op == Op::kWrite ? "process_vm_writev" : "process_vm_readv");
       }
-      if (n == 0) return Status(StatusCode::kIoError, "process_vm copy made no progress");
+      if (n == 0) return Status::IoError("process_vm copy made no progress");
       done += static_cast<uint64_t>(n);
     }
     return Status::Ok();

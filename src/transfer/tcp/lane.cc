@@ -20,7 +20,7 @@ Lane::Lane(asio::io_context& io, Config cfg, std::weak_ptr<Segment> segment)
 void Lane::Post(std::vector<Task> tasks) {
   asio::post(strand_, [self = shared_from_this(), tasks = std::move(tasks)]() mutable {
     if (self->state_ == State::kClosed) {
-      for (auto& t : tasks) t.Done(Status(StatusCode::kCancelled, "segment closed"));
+      for (auto& t : tasks) t.Done(Status::Cancelled("segment closed"));
       return;
     }
     for (auto& t : tasks) self->queue_.push_back(std::move(t));
@@ -30,7 +30,7 @@ void Lane::Post(std::vector<Task> tasks) {
 
 void Lane::Close() {
   asio::post(strand_, [self = shared_from_this()] {
-    self->Fail(Status(StatusCode::kCancelled, "segment closed"));
+    self->Fail(Status::Cancelled("segment closed"));
     self->state_ = State::kClosed;
   });
 }
@@ -50,8 +50,8 @@ void Lane::Connect() {
   sock_.async_connect(cfg_.peer, [self = shared_from_this(), gen](asio::error_code ec) {
     if (gen != self->gen_) return;
     if (ec) {
-      return self->Fail(Status(StatusCode::kUnavailable,
-                               "cannot connect to " + self->cfg_.peer_name + ": " + ec.message()));
+      return self->Fail(
+          Status::Unavailable("cannot connect to " + self->cfg_.peer_name + ": " + ec.message()));
     }
     asio::error_code ignored;
     self->sock_.set_option(tcp::no_delay(true), ignored);
@@ -60,15 +60,14 @@ void Lane::Connect() {
         self->sock_, asio::buffer(self->out_), [self, gen](asio::error_code ec, size_t) {
           if (gen != self->gen_) return;
           if (ec) {
-            return self->Fail(
-                Status(StatusCode::kConnectionLost, self->cfg_.peer_name + ": " + ec.message()));
+            return self->Fail(Status::ConnectionLost(self->cfg_.peer_name + ": " + ec.message()));
           }
           asio::async_read(
               self->sock_, asio::buffer(self->in_), [self, gen](asio::error_code ec, size_t) {
                 if (gen != self->gen_) return;
                 if (ec) {
-                  return self->Fail(Status(StatusCode::kConnectionLost,
-                                           self->cfg_.peer_name + " closed during hello"));
+                  return self->Fail(
+                      Status::ConnectionLost(self->cfg_.peer_name + " closed during hello"));
                 }
                 self->OnConnected(gen);
               });
@@ -79,12 +78,11 @@ void Lane::Connect() {
 void Lane::OnConnected(uint64_t gen) {
   auto h = wire::DecodeHeader(in_);
   if (!h.ok() || h.value().opcode != Opcode::kHelloAck) {
-    return Fail(Status(StatusCode::kProtocolError, cfg_.peer_name + " sent a bad hello reply"));
+    return Fail(Status::ProtocolError(cfg_.peer_name + " sent a bad hello reply"));
   }
   if (h.value().status == StatusCode::kPeerRestarted) {
     if (auto seg = segment_.lock()) seg->MarkStale();
-    return Fail(Status(StatusCode::kPeerRestarted,
-                       cfg_.peer_name + " restarted; its segment has a new epoch"));
+    return Fail(Status::PeerRestarted(cfg_.peer_name + " restarted; its segment has a new epoch"));
   }
   state_ = State::kReady;
   last_progress_ = Clock::now();
@@ -106,11 +104,11 @@ void Lane::Pump() {
     Task t = std::move(queue_.front());
     queue_.pop_front();
     if (t.batch->cancelled()) {
-      t.Done(Status(StatusCode::kCancelled, "batch freed"));
+      t.Done(Status::Cancelled("batch freed"));
       continue;
     }
     if (t.deadline.Expired()) {
-      t.Done(Status(StatusCode::kTimeout, "deadline passed before the request was sent"));
+      t.Done(Status::Timeout("deadline passed before the request was sent"));
       continue;
     }
     const uint64_t id = next_id_++;
@@ -126,8 +124,8 @@ void Lane::Pump() {
       if (gen != self->gen_) return;
       self->writing_ = false;
       if (ec) {
-        return self->Fail(Status(StatusCode::kConnectionLost,
-                                 "send to " + self->cfg_.peer_name + ": " + ec.message()));
+        return self->Fail(
+            Status::ConnectionLost("send to " + self->cfg_.peer_name + ": " + ec.message()));
       }
       self->last_progress_ = Clock::now();
       self->Pump();
@@ -140,9 +138,8 @@ void Lane::ReadReply(uint64_t gen) {
       sock_, asio::buffer(in_), [self = shared_from_this(), gen](asio::error_code ec, size_t) {
         if (gen != self->gen_) return;
         if (ec) {
-          return self->Fail(
-              Status(StatusCode::kConnectionLost,
-                     self->cfg_.peer_name + " closed the connection: " + ec.message()));
+          return self->Fail(Status::ConnectionLost(self->cfg_.peer_name +
+                                                   " closed the connection: " + ec.message()));
         }
         self->OnReply(gen);
       });
@@ -160,16 +157,16 @@ void Lane::OnReply(uint64_t gen) {
   if (!dh.ok()) return Fail(dh.status());
   const Header h = dh.value();
   if (inflight_.empty() || h.id != inflight_.front().id) {
-    return Fail(Status(StatusCode::kProtocolError, cfg_.peer_name + " replied out of order"));
+    return Fail(Status::ProtocolError(cfg_.peer_name + " replied out of order"));
   }
   const Task& t = inflight_.front().task;
   const Opcode want = t.op == Op::kWrite ? Opcode::kWriteAck : Opcode::kReadData;
   if (h.opcode != want) {
-    return Fail(Status(StatusCode::kProtocolError, cfg_.peer_name + " sent a mismatched reply"));
+    return Fail(Status::ProtocolError(cfg_.peer_name + " sent a mismatched reply"));
   }
   if (h.status != StatusCode::kOk) {
     if (h.length != 0) {
-      return Fail(Status(StatusCode::kProtocolError, cfg_.peer_name + " error with payload"));
+      return Fail(Status::ProtocolError(cfg_.peer_name + " error with payload"));
     }
     Complete(Remote(h));
     ReadReply(gen);
@@ -181,14 +178,13 @@ void Lane::OnReply(uint64_t gen) {
     return Pump();
   }
   if (h.length != t.length) {
-    return Fail(Status(StatusCode::kProtocolError, cfg_.peer_name + " sent a wrong read length"));
+    return Fail(Status::ProtocolError(cfg_.peer_name + " sent a wrong read length"));
   }
   AsyncReadPayload(
       sock_, t.local, t.length, &lowat_, [self = shared_from_this(), gen](asio::error_code ec) {
         if (gen != self->gen_) return;
         if (ec) {
-          return self->Fail(
-              Status(StatusCode::kConnectionLost, self->cfg_.peer_name + " closed mid-payload"));
+          return self->Fail(Status::ConnectionLost(self->cfg_.peer_name + " closed mid-payload"));
         }
         self->Complete(Status::Ok());
         self->ReadReply(gen);
@@ -238,21 +234,20 @@ void Lane::ArmTimer() {
 // deadline, and a connection that makes no progress.
 void Lane::OnTimer() {
   if (state_ == State::kConnecting && connect_deadline_.Expired()) {
-    return Fail(Status(StatusCode::kUnavailable, "connect to " + cfg_.peer_name + " timed out"));
+    return Fail(Status::Unavailable("connect to " + cfg_.peer_name + " timed out"));
   }
   if (!inflight_.empty()) {
     if (inflight_.front().task.deadline.Expired()) {
-      return Fail(
-          Status(StatusCode::kTimeout, "request to " + cfg_.peer_name + " passed its deadline"));
+      return Fail(Status::Timeout("request to " + cfg_.peer_name + " passed its deadline"));
     }
     if (Clock::now() - last_progress_ > cfg_.progress_timeout) {
-      return Fail(Status(StatusCode::kTimeout, cfg_.peer_name + " made no progress"));
+      return Fail(Status::Timeout(cfg_.peer_name + " made no progress"));
     }
   }
   // Queued tasks past their deadline fail without touching the connection.
   for (auto it = queue_.begin(); it != queue_.end();) {
     if (it->deadline.Expired()) {
-      it->Done(Status(StatusCode::kTimeout, "deadline passed before the request was sent"));
+      it->Done(Status::Timeout("deadline passed before the request was sent"));
       it = queue_.erase(it);
     } else {
       ++it;

@@ -1,22 +1,17 @@
 #include "transfer/tcp/staging.h"
 
 #include "common/cache.h"
-#include "common/log.h"
 #include "common/thread_pool.h"
 #include "gpu/copier.h"
 #include "gpu/gpu.h"
 
 namespace ferry {
 
-std::unique_ptr<StagingPool> StagingPool::Create(size_t count, size_t bytes, const char* owner) {
+Result<std::unique_ptr<StagingPool>> StagingPool::Create(size_t count, size_t bytes) {
   auto pool = std::unique_ptr<StagingPool>(new StagingPool(bytes));
   for (size_t i = 0; i < count; ++i) {
-    auto p = gpu::AllocPinned(bytes);
-    if (!p.ok()) {
-      FERRY_LOG_WARN("{}: no pinned staging for GPU memory: {}", owner, p.status().ToString());
-      return nullptr;
-    }
-    pool->all_.push_back(static_cast<char*>(p.value()));
+    FERRY_ASSIGN_OR_RETURN(void* p, gpu::AllocPinned(bytes));
+    pool->all_.push_back(static_cast<char*>(p));
   }
   pool->free_ = pool->all_;
   return pool;

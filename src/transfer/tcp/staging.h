@@ -21,8 +21,9 @@ class ReadyEvent;
 
 class StagingPool {
  public:
-  // Null when the memory cannot be had (no GPU, or cudaMallocHost failed).
-  static std::unique_ptr<StagingPool> Create(size_t count, size_t bytes, const char* owner);
+  // The error of the allocation when the memory cannot be had (no GPU, or
+  // cudaMallocHost failed).
+  static Result<std::unique_ptr<StagingPool>> Create(size_t count, size_t bytes);
   ~StagingPool();
   StagingPool(const StagingPool&) = delete;
   StagingPool& operator=(const StagingPool&) = delete;

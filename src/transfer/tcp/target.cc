@@ -17,7 +17,12 @@ using wire::Opcode;
 TcpTarget::TcpTarget(const Config& config, const MemoryRegistry& registry, gpu::Copier* copier)
     : registry_(registry), copier_(copier), landing_(config.landing) {
   if (copier_ != nullptr) {
-    staging_ = StagingPool::Create(config.staging_buffers, config.staging_bytes, "listener");
+    auto pool = StagingPool::Create(config.staging_buffers, config.staging_bytes);
+    if (pool.ok()) {
+      staging_ = std::move(pool).value();
+    } else {
+      FERRY_LOG_WARN("listener: no pinned staging for GPU memory: {}", pool.status().ToString());
+    }
   }
 }
 

@@ -45,7 +45,7 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
       if (!t.gpu_local) {
         host.push_back(std::move(t));
       } else if (copier_ == nullptr || staging_ == nullptr) {
-        t.Done(Status(StatusCode::kNotSupported, "no pinned staging for GPU memory over tcp"));
+        t.Done(Status::NotSupported("no pinned staging for GPU memory over tcp"));
       } else {
         Stage(std::move(t));
       }
@@ -162,7 +162,7 @@ class TcpTransport : public Transport {
   Result<std::shared_ptr<Endpoint>> Connect(const std::shared_ptr<Segment>& segment) override {
     asio::error_code ec;
     auto addr = asio::ip::make_address(segment->host(), ec);
-    if (ec) return Status(StatusCode::kInvalidArgument, "bad peer address " + segment->host());
+    if (ec) return Status::InvalidArgument("bad peer address " + segment->host());
     Lane::Config cfg;
     cfg.peer = asio::ip::tcp::endpoint(addr, segment->port());
     cfg.peer_name = segment->name();
@@ -177,9 +177,14 @@ class TcpTransport : public Transport {
     std::unique_ptr<StagingPool> staging;
     if (ctx_.copier != nullptr) {
       // Two chunks per in-flight slot: one on the wire while the next is copied.
-      staging = StagingPool::Create(
+      auto pool = StagingPool::Create(
           static_cast<size_t>(ctx_.options.tcp_lanes * ctx_.options.tcp_chunks_in_flight * 2),
-          ctx_.options.tcp_chunk_bytes, "tcp");
+          ctx_.options.tcp_chunk_bytes);
+      if (pool.ok()) {
+        staging = std::move(pool).value();
+      } else {
+        FERRY_LOG_WARN("tcp: no pinned staging for GPU memory: {}", pool.status().ToString());
+      }
     }
     return std::shared_ptr<Endpoint>(std::make_shared<TcpEndpoint>(
         std::move(lanes), ctx_.copier, std::move(staging), ctx_.landing));

@@ -36,7 +36,7 @@ Result<Header> DecodeHeader(const uint8_t in[kHeaderSize]) {
   h.addr = r.U64();
   h.length = r.U64();
   auto bad = [](const std::string& why) {
-    return Status(StatusCode::kProtocolError, "bad frame header: " + why);
+    return Status::ProtocolError("bad frame header: " + why);
   };
   if (magic != kMagic) return bad("wrong magic");
   if (version != kVersion) return bad("unsupported version " + std::to_string(version));
