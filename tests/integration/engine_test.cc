@@ -1,5 +1,8 @@
-// Conformance suite of the transfer engine, run over every transport against a
-// peer in another process (the local transport targets the engine itself).
+// Conformance suite of the transfer engine, run over every registered
+// transport: against a peer in another process, or, for a transport that
+// reaches only this process, against the engine itself. A transport is
+// skipped by its capabilities (one that moves no host memory, or is not
+// available here), never by its name.
 #include "ferry/engine.h"
 
 #include <gtest/gtest.h>
@@ -16,8 +19,14 @@
 #include <random>
 #include <thread>
 
+#include <asio.hpp>
+
 #include "common/subprocess.h"
+#include "common/thread_pool.h"
+#include "gpu/copier.h"
 #include "integration/peer.h"
+#include "transfer/memory_registry.h"
+#include "transfer/transport.h"
 #include "integration/silent_target.h"
 
 namespace ferry {
@@ -29,15 +38,47 @@ using std::chrono::seconds;
 constexpr uint64_t kAlloc = 160ull << 20;
 constexpr uint64_t kHeap = 8ull << 20;
 
+// Every registered transport's name, sorted.
+std::vector<std::string> TransportNames() {
+  std::vector<std::string> names;
+  for (const auto& r : RegisteredTransports()) names.emplace_back(r.name);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// A transport's capabilities in this process, read from one made on a bare
+// context, with a GPU copier where this process has a GPU.
+TransportCaps CapsOf(const std::string& name) {
+  EngineOptions options;
+  asio::io_context io;
+  ThreadPool pool(1, "ferry-test");
+  MemoryRegistry registry;
+  auto copier = gpu::Copier::Create();
+  EngineContext ctx{options, io, pool, registry, copier.ok() ? copier.value().get() : nullptr,
+                    nullptr};
+  for (const auto& r : RegisteredTransports()) {
+    if (name == r.name) return r.factory(ctx)->caps();
+  }
+  return {};
+}
+
 class EngineConformance : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
+    const TransportCaps caps = CapsOf(GetParam());
+    if (!caps.available) GTEST_SKIP() << GetParam() << " is not available in this process";
+    if (!caps.host_memory) {
+      GTEST_SKIP() << GetParam() << " moves GPU memory only: ferry_gpu_tests covers it";
+    }
+    // One that reaches only this process serves the engine's own segment
+    // unforced; any other is forced, against a peer process.
+    const bool in_process = caps.reach == Reach::kProcess;
     EngineOptions o;
-    o.transport = GetParam() == "local" ? "" : GetParam();
+    o.transport = in_process ? "" : GetParam();
     auto e = Engine::Create(o);
     ASSERT_TRUE(e.ok()) << e.status().ToString();
     engine_ = std::move(e).value();
-    if (GetParam() == "local") {
+    if (in_process) {
       auto a = engine_->AllocateMemory(kAlloc);
       ASSERT_TRUE(a.ok());
       alloc_ = reinterpret_cast<uint64_t>(a.value());
@@ -207,7 +248,7 @@ TEST_P(EngineConformance, PartlyOutOfRangeWriteChangesNothing) {
   EXPECT_TRUE(after == before) << "the in-range part was written";
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, EngineConformance, ::testing::Values("tcp", "shm", "local"),
+INSTANTIATE_TEST_SUITE_P(Transports, EngineConformance, ::testing::ValuesIn(TransportNames()),
                          [](const auto& info) { return info.param; });
 
 // ---- registration changes at the target ----

@@ -21,6 +21,7 @@
 #include "ferry/status.h"
 #include "ferry/store.h"
 #include "store/master/space.h"
+#include "store/rpc/requests.h"
 
 namespace ferry::store {
 
@@ -35,15 +36,6 @@ struct MasterOptions {
   double low_watermark = 0.80;   // and stops below this one
   uint64_t max_object_size = 1ull << 32;
   uint32_t max_replicas = 8;
-};
-
-struct PutSpec {
-  std::string key;
-  uint64_t size = 0;
-  uint32_t replicas = 1;
-  std::string preferred;  // node to hold the first replica
-  StorePin pin = StorePin::kNone;
-  Millis pin_ttl{0};
 };
 
 struct PutGrant {

@@ -257,7 +257,7 @@ std::vector<Status> StoreCore::Put(std::span<const std::string> keys,
     out.assign(keys.size(), Status::InvalidArgument("keys and values differ in count"));
     return out;
   }
-  std::vector<PutRequestItem> items;
+  std::vector<PutSpec> items;
   std::vector<size_t> index;  // items[j] is keys[index[j]]
   for (size_t i = 0; i < keys.size(); ++i) {
     if (!out[i].ok()) continue;
@@ -265,7 +265,7 @@ std::vector<Status> StoreCore::Put(std::span<const std::string> keys,
     const size_t size = TotalSize(values[i].parts);
     if (out[i].ok() && size == 0) out[i] = Status::InvalidArgument("empty value");
     if (!out[i].ok()) continue;
-    PutRequestItem it;
+    PutSpec it;
     it.key = keys[i];
     it.size = size;
     it.replicas = po.replicas == 0 ? options_.replicas : po.replicas;

@@ -180,7 +180,7 @@ static Result<std::vector<T>> Chunked(size_t n, F&& call) {
   return out;
 }
 
-Result<std::vector<PutGrantItem>> MasterClient::PutBegin(const std::vector<PutRequestItem>& items,
+Result<std::vector<PutGrantItem>> MasterClient::PutBegin(const std::vector<PutSpec>& items,
                                                          const std::string& client_node,
                                                          bool prefer_local) {
   return Chunked<PutGrantItem>(

@@ -11,17 +11,9 @@
 #include "common/clock.h"
 #include "ferry/status.h"
 #include "ferry/store.h"
+#include "store/rpc/requests.h"
 
 namespace ferry::store {
-
-struct PutRequestItem {
-  std::string key;
-  uint64_t size = 0;
-  uint32_t replicas = 1;
-  std::string preferred;
-  StorePin pin = StorePin::kNone;
-  Millis pin_ttl{0};
-};
 
 struct PutGrantItem {
   Status status;
@@ -59,7 +51,7 @@ class MasterClient {
   Status Unmount(const std::string& node);
 
   // One result per item. A failed call fails as a whole.
-  Result<std::vector<PutGrantItem>> PutBegin(const std::vector<PutRequestItem>& items,
+  Result<std::vector<PutGrantItem>> PutBegin(const std::vector<PutSpec>& items,
                                              const std::string& client_node, bool prefer_local);
   Result<std::vector<Status>> PutEnd(const std::vector<PutEndItem>& items);
   Result<std::vector<GetItem>> Get(const std::vector<std::string>& keys);
