@@ -168,6 +168,10 @@ class Connection : public FrameConnection, public std::enable_shared_from_this<C
     auto decoded = wire::DecodeHeader(in_);
     if (!decoded.ok()) return Drop(decoded.status().ToString());
     const Header h = decoded.value();
+    // Only replies carry a status; a request with one set is malformed.
+    if (h.status != StatusCode::kOk) {
+      return Drop("a request carries status " + std::string(StatusCodeName(h.status)));
+    }
     switch (h.opcode) {
       case Opcode::kHello: {
         StatusCode st =

@@ -223,6 +223,34 @@ TEST(BadInput, MalformedAndTruncatedFramesCloseOnlyThatConnection) {
   for (char ch : tail) EXPECT_EQ(ch, 0);
 }
 
+// A request carries status OK: one with its status byte set is not served
+// (issue 18, point 4), and its payload is never applied.
+TEST(BadInput, ARequestWithItsStatusByteSetClosesTheConnection) {
+  auto peer = test::StartPeer(1 << 20, 0);
+  ASSERT_TRUE(peer.ok());
+  const uint64_t base = peer.value().alloc_addr;
+  for (auto op : {wire::Opcode::kHello, wire::Opcode::kGetDescriptor, wire::Opcode::kRead,
+                  wire::Opcode::kWrite}) {
+    RawClient c(peer.value().port());
+    ASSERT_TRUE(c.connected());
+    const uint64_t len = op == wire::Opcode::kWrite || op == wire::Opcode::kRead ? 6 : 0;
+    uint8_t h[wire::kHeaderSize];
+    wire::EncodeHeader({op, StatusCode::kNotFound, 1, op == wire::Opcode::kHello ? 0 : base + 100,
+                        len},
+                       h);
+    c.Send(h, sizeof(h));
+    if (op == wire::Opcode::kWrite) c.Send("poison", 6);
+    EXPECT_FALSE(c.ReadHeader().has_value()) << "opcode " << static_cast<int>(op) << " served";
+    EXPECT_FALSE(c.timed_out());
+  }
+  auto e = MakeEngine("tcp");
+  auto s = e->OpenSegment(peer.value().segment);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  char back[6] = {};
+  ASSERT_TRUE(e->Transfer({Op::kRead, back, s.value(), base + 100, sizeof(back)}).ok());
+  for (char ch : back) EXPECT_EQ(ch, 0) << "the flagged write was applied";
+}
+
 TEST(BadInput, ConnectionsBeyondTheLimitAreRefusedAndTheRestServed) {
   setenv("FERRY_MAX_CONNECTIONS", "3", 1);
   auto peer = test::StartPeer(1 << 20, 0);
