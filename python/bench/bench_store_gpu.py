@@ -20,18 +20,12 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+from store_node import master_and_node
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def ready(proc: subprocess.Popen) -> dict:
-    for line in proc.stdout:
-        if line.startswith("{"):
-            return json.loads(line)
-    raise RuntimeError(f"{proc.args} did not start")
 
 
 def pct(values: list, q: float) -> float:
@@ -120,18 +114,8 @@ def main() -> int:
     if args.child:
         print(json.dumps(child(args)), flush=True)
         return 0
-    sock = os.path.join(tempfile.gettempdir(), f"ferry-bench-gpu-{os.getpid()}.sock")
-    procs = []
     result = {}
-    try:
-        m = subprocess.Popen([args.ferry, "master", "--http-port", "-1"], stdout=subprocess.PIPE,
-                             text=True)
-        procs.append(m)
-        master = ready(m)["address"]
-        n = subprocess.Popen([args.ferry, "node", "--master", master, "--segment-size", "2GiB",
-                              "--socket", sock], stdout=subprocess.PIPE, text=True)
-        procs.append(n)
-        ready(n)
+    with master_and_node(args.ferry, "2GiB") as (master, sock):
 
         def run(what: str, *extra: str, env=None) -> dict:
             out = subprocess.run([sys.executable, __file__, "--child", "--what", what, "--socket",
@@ -148,13 +132,6 @@ def main() -> int:
         result["overhead_sync"] = run("overhead", "--readiness", "sync")
         result["overhead_skipped"] = run("overhead", env={"FERRY_TEST_ATTACH_SKIP_READINESS": "1"})
         result["bandwidth_attached"] = run("bandwidth")
-    finally:
-        for proc in reversed(procs):
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
     line = json.dumps(result)
     print(line)
     if args.out:

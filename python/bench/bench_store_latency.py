@@ -16,34 +16,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import selectors
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import ferry
+from store_node import master_and_node
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def ready(proc: subprocess.Popen, timeout: float = 30.0) -> dict:
-    """The JSON line a `ferry` server prints once it serves."""
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if not sel.select(max(0.0, end - time.monotonic())):
-            break
-        line = proc.stdout.readline()
-        if not line:
-            break
-        if line.startswith("{"):
-            return json.loads(line)
-    proc.kill()
-    raise RuntimeError(f"{proc.args} did not get ready")
 
 
 def python_p50(store: ferry.Store, size: int, iterations: int) -> float:
@@ -71,17 +53,7 @@ def main() -> int:
     p.add_argument("--out", help="also write the JSON here")
     args = p.parse_args()
 
-    sock = os.path.join(tempfile.gettempdir(), f"ferry-latency-{os.getpid()}.sock")
-    procs = []
-    try:
-        master = subprocess.Popen([args.ferry, "master", "--http-port", "-1"],
-                                  stdout=subprocess.PIPE, text=True)
-        procs.append(master)
-        address = ready(master)["address"]
-        node = subprocess.Popen([args.ferry, "node", "--master", address, "--segment-size",
-                                 "64MiB", "--socket", sock], stdout=subprocess.PIPE, text=True)
-        procs.append(node)
-        ready(node)
+    with master_and_node(args.ferry, "64MiB") as (address, sock):
         where = ["--master", address] if args.embedded else ["--socket", sock]
         store = (ferry.Store(master=address, local_memory=0) if args.embedded
                  else ferry.Store.attach(sock))
@@ -93,13 +65,6 @@ def main() -> int:
                                  capture_output=True, text=True, timeout=300, check=True)
             cpp.append(json.loads(out.stdout.strip().splitlines()[-1])["p50_us"])
         store.close()
-    finally:
-        for proc in reversed(procs):
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
     result = {
         "size": args.size, "iterations": args.iterations, "rounds": args.rounds,
         "mode": "embedded" if args.embedded else "attached",

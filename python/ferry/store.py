@@ -328,12 +328,8 @@ class Store:
                              expect: bytes = b"") -> list[Union[int, FerryError]]:
         """As batch_get_into_multi, into any memory: host memory by copy, CUDA
         memory (registered or not) after the work already queued on `stream`."""
-        ks = _keys(keys)
-        lists = _buffer_lists(ks, parts_lists, writable=True, gpu=True)
-        res = self._store.batch_get_into_parts(
-            ks, [[(b.address, b.nbytes) for b in l] for l in lists],
-            stream=_stream([b for l in lists for b in l], stream), expect=expect)
-        return [n if code == 0 else error_class(code)(text) for code, text, n in res]
+        return self._get_into_lists(self._store.batch_get_into_parts, keys, parts_lists,
+                                    stream, expect)
 
     def batch_get_into_multi(self, keys: Sequence[Key], buffer_lists: Sequence[Sequence[Any]], *,
                              stream: Any = None,
@@ -341,11 +337,16 @@ class Store:
         """As batch_get_into, each value spread over a list of registered buffers.
         With `expect`, a value that does not begin with those bytes fails
         (InvalidArgument) before any byte reaches the buffers."""
+        return self._get_into_lists(self._store.batch_get_into_multi, keys, buffer_lists,
+                                    stream, expect)
+
+    @staticmethod
+    def _get_into_lists(call: Any, keys: Sequence[Key], lists: Sequence[Sequence[Any]],
+                        stream: Any, expect: bytes) -> list[Union[int, FerryError]]:
         ks = _keys(keys)
-        lists = _buffer_lists(ks, buffer_lists, writable=True, gpu=True)
-        res = self._store.batch_get_into_multi(
-            ks, [[(b.address, b.nbytes) for b in l] for l in lists],
-            stream=_stream([b for l in lists for b in l], stream), expect=expect)
+        bufs = _buffer_lists(ks, lists, writable=True, gpu=True)
+        res = call(ks, [[(b.address, b.nbytes) for b in l] for l in bufs],
+                   stream=_stream([b for l in bufs for b in l], stream), expect=expect)
         return [n if code == 0 else error_class(code)(text) for code, text, n in res]
 
     def batch_exists(self, keys: Sequence[Key]) -> list[bool]:
@@ -445,13 +446,17 @@ def _buffers(keys: list[bytes], objs: Sequence[Any], *, writable: bool,
     and get_into forms), else host memory only (put forms, which copy)."""
     if len(objs) != len(keys):
         raise InvalidArgument(f"{len(keys)} keys but {len(objs)} buffers")
-    check = (lambda o: resolve(o, writable=writable)) if gpu else (
-        lambda o: _host(o, writable=writable))
-    return [check(o) for o in objs]
+    return _resolved(objs, writable=writable, gpu=gpu)
+
+
+def _resolved(objs: Sequence[Any], *, writable: bool, gpu: bool) -> list[Buffer]:
+    if gpu:
+        return [resolve(o, writable=writable) for o in objs]
+    return [_host(o, writable=writable) for o in objs]
 
 
 def _buffer_lists(keys: list[bytes], lists: Sequence[Sequence[Any]], *, writable: bool,
                   gpu: bool) -> list[list[Buffer]]:
     if len(lists) != len(keys):
         raise InvalidArgument(f"{len(keys)} keys but {len(lists)} buffer lists")
-    return [_buffers(list(keys[:1]) * len(l), l, writable=writable, gpu=gpu) for l in lists]
+    return [_resolved(l, writable=writable, gpu=gpu) for l in lists]

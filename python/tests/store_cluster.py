@@ -161,6 +161,14 @@ def attached_cluster() -> Cluster:
     return c
 
 
+@pytest.fixture(scope="module")
+def module_cluster():
+    """One attached cluster shared by a module's tests (import it as `cluster`)."""
+    c = attached_cluster()
+    yield c
+    c.close()
+
+
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 

@@ -22,7 +22,8 @@ from conftest import addr, gpu_skip_reason, pattern
 from ferry.compat import mooncake_store as ms
 from ferry.compat.mooncake import (MooncakeDistributedStore, MooncakeHostMemAllocator,
                                    ReplicateConfig)
-from store_cluster import (FERRY_BIN, P2P, MiB, attached_cluster, cluster_skip_reason, connected,
+from store_cluster import module_cluster as cluster  # noqa: F401 (a fixture)
+from store_cluster import (FERRY_BIN, P2P, MiB, cluster_skip_reason, connected,
                            needs_attach, unique)
 
 pytestmark = [
@@ -30,13 +31,6 @@ pytestmark = [
                        reason="the extension was built without the store"),
     pytest.mark.skipif(cluster_skip_reason() is not None, reason=str(cluster_skip_reason())),
 ]
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    c = attached_cluster()
-    yield c
-    c.close()
 
 
 def free_port() -> int:

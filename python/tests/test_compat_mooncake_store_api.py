@@ -19,7 +19,8 @@ import ferry
 from conftest import addr, pattern
 from ferry.compat import mooncake_store as ms
 from ferry.compat.mooncake import MooncakeDistributedStore, ReplicateConfig
-from store_cluster import (FERRY_BIN, P2P, Cluster, MiB, attached_cluster, cluster_skip_reason,
+from store_cluster import module_cluster as cluster  # noqa: F401 (a fixture)
+from store_cluster import (FERRY_BIN, P2P, Cluster, MiB, cluster_skip_reason,
                            connected, unique, wait_until)
 
 pytestmark = [
@@ -27,13 +28,6 @@ pytestmark = [
                        reason="the extension was built without the store"),
     pytest.mark.skipif(cluster_skip_reason() is not None, reason=str(cluster_skip_reason())),
 ]
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    c = attached_cluster()
-    yield c
-    c.close()
 
 
 # Bad input: TypeError as pybind raises it; every other failure a code, logged once.

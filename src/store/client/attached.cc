@@ -9,10 +9,6 @@
 
 namespace ferry::store::attached {
 
-Status NotRegistered() {
-  return Status::InvalidArgument("buffer is not inside a registered buffer");
-}
-
 Status ReadStatus(ByteReader& r) {
   const uint8_t code = r.U8();
   std::string msg = r.Str(attach::kMaxMessage);

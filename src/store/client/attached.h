@@ -28,7 +28,6 @@ using store::Source;
 using store::attach::Frame;
 using store::attach::Type;
 
-Status NotRegistered();
 // One item's status from a reply: a code and a message.
 Status ReadStatus(ByteReader& r);
 // Checks every key into (*st)[i]; the indices of the valid ones, to send.

@@ -63,6 +63,12 @@ bool SkipReadiness() {
   return skip;
 }
 
+// Why a value cannot go through staging, and what to do instead.
+std::string TooBigForStaging(uint64_t size, uint64_t cap, const char* how) {
+  return "a value of " + std::to_string(size) + " bytes exceeds the attach staging area of " +
+         std::to_string(cap) + " bytes; " + how + " AllocateBuffer memory or raise attach_staging";
+}
+
 void WriteRef(ByteWriter& w, const WireRef& ref) {
   w.U8(ref.kind);
   if (ref.kind == attach::kPartGpu) {
@@ -183,12 +189,7 @@ std::vector<Status> AttachedStore::Put(std::span<const std::string> keys,
       if (!by_ref) staged += part.size;
     }
     if (staged > cap) {
-      out[i] = Status::InvalidArgument(
-          "a value of " + std::to_string(staged) +
-          " bytes exceeds the attach "
-          "staging area of " +
-          std::to_string(cap) +
-          " bytes; put it from AllocateBuffer memory or raise attach_staging");
+      out[i] = Status::InvalidArgument(TooBigForStaging(staged, cap, "put it from"));
       continue;
     }
     if (cap - used < staged) flush();
@@ -332,12 +333,7 @@ std::vector<Result<size_t>> AttachedStore::Get(std::span<const std::string> keys
       }
       if (s.code() == StatusCode::kOutOfRange) {
         if (size > cap) {
-          st[i] = Status::OutOfRange(
-              "a value of " + std::to_string(size) +
-              " bytes exceeds the attach "
-              "staging area of " +
-              std::to_string(cap) +
-              " bytes; get it into AllocateBuffer memory or raise attach_staging");
+          st[i] = Status::OutOfRange(TooBigForStaging(size, cap, "get it into"));
         } else if (placed_any) {
           retry.push_back(i);
         } else {

@@ -22,21 +22,8 @@ namespace {
 using store::Sink;
 using store::Source;
 
-Status NotRegistered() {
-  return Status::InvalidArgument("buffer is not inside a registered buffer");
-}
-
 class EmbeddedStore final : public Store::Impl {
  public:
-  ~EmbeddedStore() override {
-    // The core first (it sends the last lease releases), then the node, which
-    // unmounts, before the engine they use goes.
-    core_.reset();
-    node_.reset();
-    client_.reset();
-    engine_.reset();
-  }
-
   static Result<std::unique_ptr<Store::Impl>> Create(const StoreOptions& options,
                                                      Millis read_delay) {
     if (options.replicas == 0) {
@@ -133,6 +120,8 @@ class EmbeddedStore final : public Store::Impl {
   Result<uint64_t> RemoveAll(bool force) override { return core_->RemoveAll(force); }
 
  private:
+  // Destroyed in reverse: the core first (it sends the last lease releases),
+  // then the node, which unmounts, before the engine they use goes.
   std::unique_ptr<store::MasterServer> master_server_;  // in-process master, if any
   std::string master_address_;
   std::unique_ptr<Engine> engine_;

@@ -13,6 +13,11 @@
 
 namespace ferry {
 
+// What both forms answer for a PutFrom/GetInto buffer outside registered memory.
+inline Status NotRegistered() {
+  return Status::InvalidArgument("buffer is not inside a registered buffer");
+}
+
 class Store::Impl {
  public:
   virtual ~Impl() = default;

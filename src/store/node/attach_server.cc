@@ -483,8 +483,9 @@ Result<std::unique_ptr<AttachServer>> AttachServer::Start(StoreCore& core, Attac
     }
     unlink(options.path.c_str());  // a stale socket of an earlier node
   }
-  std::unique_ptr<AttachServer> s(new AttachServer(core, options));
-  const_cast<uint64_t&>(s->instance_) = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
+  std::random_device random;
+  const uint64_t instance = random() | (uint64_t{random()} << 32);
+  std::unique_ptr<AttachServer> s(new AttachServer(core, options, instance));
   s->listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (s->listen_fd_ < 0) return Status::FromErrno(errno, "socket");
   sa.sun_family = AF_UNIX;

@@ -52,14 +52,15 @@ class AttachServer {
     std::thread thread;
     std::atomic<bool> done{false};
   };
-  AttachServer(StoreCore& core, AttachOptions options) : core_(core), options_(std::move(options)) {}
+  AttachServer(StoreCore& core, AttachOptions options, uint64_t instance)
+      : core_(core), options_(std::move(options)), instance_(instance) {}
   void AcceptLoop();
   void Serve(Client* c);
   void Reap(bool all);
 
   StoreCore& core_;
   const AttachOptions options_;
-  const uint64_t instance_ = 0;
+  const uint64_t instance_;  // random: tells a client which node it attached to
   int listen_fd_ = -1;
   int wake_fd_ = -1;  // eventfd: stops the accept loop
   std::atomic<bool> stop_{false};

@@ -200,11 +200,6 @@ const StoreCore::Range* StoreCore::Find(const void* p, size_t n) const {
   return a - it->first <= size && n <= size - (a - it->first) ? &it->second : nullptr;
 }
 
-bool StoreCore::Registered(const void* p, size_t n) {
-  std::lock_guard lock(buf_mu_);
-  return Find(p, n) != nullptr;
-}
-
 bool StoreCore::Registered(std::span<const Part> parts) {
   std::lock_guard lock(buf_mu_);
   for (const Part& p : parts) {

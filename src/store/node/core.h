@@ -102,7 +102,6 @@ class StoreCore {
   // that Registered then accepts. GPU memory is copied by the engine only.
   Status Register(void* data, size_t size);
   Status Unregister(void* data);
-  bool Registered(const void* data, size_t size);
   bool Registered(std::span<const Part> parts);
 
   Engine& engine() { return engine_; }
