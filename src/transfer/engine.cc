@@ -34,6 +34,14 @@
 #include "transfer/submit.h"
 
 namespace ferry {
+namespace {
+
+// Stream-ordered batches relayed at once, and each one's window of staged
+// bytes between a signal and a wait on the caller's stream.
+constexpr size_t kRelaySlots = 4;
+constexpr size_t kRelayWindowBytes = 4 << 20;
+
+}  // namespace
 
 class Engine::Impl {
  public:
@@ -54,12 +62,12 @@ class Engine::Impl {
     }
     io_.stop();
     for (auto& t : io_threads_) t.join();
-    landing_pool_.reset();  // its jobs use the tcp target's staging
+    if (transports_) transports_->StopAll();
     listener_.reset();
     submitter_.reset();
     router_.reset();
     peers_.reset();
-    transports_.reset();  // after the io and landing threads, which serve their frames
+    transports_.reset();  // after the io threads, which serve their frames
     copy_pool_.reset();
     copier_.reset();  // after the copy threads, which enqueue on it
     memory_.reset();  // frees what the engine allocated
@@ -69,10 +77,6 @@ class Engine::Impl {
     FERRY_RETURN_IF_ERROR(ApplyEnv());
     if (options_.metadata != "p2p") {
       return Status::NotSupported("metadata '" + options_.metadata + "' is not supported; use p2p");
-    }
-    if (options_.tcp_lanes < 1 || options_.tcp_chunks_in_flight < 1 ||
-        options_.tcp_chunk_bytes < 4096 || options_.tcp_chunk_bytes > (64u << 20)) {
-      return Status::InvalidArgument("tcp options out of range");
     }
     std::random_device rd;
     std::mt19937_64 gen((static_cast<uint64_t>(rd()) << 32) ^ rd() ^
@@ -87,8 +91,7 @@ class Engine::Impl {
       auto copier = gpu::Copier::Create();
       if (!copier.ok()) return copier.status();
       copier_ = std::move(copier).value();
-      // Four stream-ordered batches in flight at once, eight chunks each per window.
-      auto relay = StreamRelay::Create(copier_.get(), 4, 8 * options_.tcp_chunk_bytes,
+      auto relay = StreamRelay::Create(copier_.get(), kRelaySlots, kRelayWindowBytes,
                                        options_.request_timeout);
       if (relay.ok()) {
         relay_ = std::move(relay).value();
@@ -98,14 +101,8 @@ class Engine::Impl {
     }
     FERRY_ASSIGN_OR_RETURN(memory_, LocalMemory::Create(has_gpu));
     copy_pool_ = std::make_unique<ThreadPool>(options_.copy_threads, "ferry-copy");
-    const int landing = options_.landing_threads < 0
-                            ? OnePerFourCores(2, std::max(2, options_.tcp_lanes))
-                            : options_.landing_threads;
-    if (has_gpu && landing > 0) {
-      landing_pool_ = std::make_unique<ThreadPool>(landing, "ferry-landing");
-    }
-    ctx_ = std::make_unique<EngineContext>(EngineContext{
-        options_, io_, *copy_pool_, memory_->registry(), copier_.get(), landing_pool_.get()});
+    ctx_ = std::make_unique<EngineContext>(
+        EngineContext{options_, io_, *copy_pool_, memory_->registry(), copier_.get()});
     FERRY_ASSIGN_OR_RETURN(transports_, TransportSet::Create(*ctx_, options_.transport));
     memory_->set_describer([this](const Region& r, const gpu::MemoryInfo& info) {
       return transports_->DescribeMemory(r, info);
@@ -138,7 +135,7 @@ class Engine::Impl {
     submitter_ = std::make_unique<Submitter>(*router_, *peers_, copier_.get(), relay_.get(),
                                              options_.request_timeout);
     const int io_threads =
-        options_.io_threads <= 0 ? OnePerFourCores(1, options_.tcp_lanes) : options_.io_threads;
+        options_.io_threads <= 0 ? transports_->io_threads() : options_.io_threads;
     for (int i = 0; i < io_threads; ++i) {
       io_threads_.emplace_back([this] {
         NameThisThread("ferry-io");
@@ -188,11 +185,6 @@ class Engine::Impl {
     return Status::Ok();
   }
 
-  // Thread counts that grow with the machine.
-  static int OnePerFourCores(int lo, int hi) {
-    return std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 4, lo, hi);
-  }
-
   // This engine's descriptor, as peers fetch it.
   SegmentDescriptor Describe() const {
     SegmentDescriptor d;
@@ -222,7 +214,6 @@ class Engine::Impl {
   std::unique_ptr<StreamRelay> relay_;   // null without a GPU
   std::unique_ptr<LocalMemory> memory_;
   std::unique_ptr<ThreadPool> copy_pool_;
-  std::unique_ptr<ThreadPool> landing_pool_;  // null without a GPU, or with landing_threads 0
   std::unique_ptr<EngineContext> ctx_;
   std::unique_ptr<TransportSet> transports_;
   std::unique_ptr<Listener> listener_;

@@ -35,6 +35,7 @@ Result<std::unique_ptr<TransportSet>> TransportSet::Create(EngineContext& ctx, s
       return Status::Internal(std::string("transport registered as ") + reg.name +
                               " calls itself " + t->caps().name);
     }
+    FERRY_RETURN_IF_ERROR(t->CheckOptions());
     set->all_.push_back(std::move(t));
   }
   std::stable_sort(set->all_.begin(), set->all_.end(), [](const auto& a, const auto& b) {
@@ -126,6 +127,18 @@ Result<TransportSet::Route> TransportSet::RouteTo(const std::shared_ptr<Segment>
                                 " yet");
   }
   return Status::Unavailable("no transport can reach segment " + seg->name() + how);
+}
+
+void TransportSet::StopAll() {
+  for (const auto& t : all_) t->Stop();
+}
+
+int TransportSet::io_threads() const {
+  int n = 1;
+  for (const auto& t : all_) {
+    if (t->caps().available) n = std::max(n, t->caps().io_threads);
+  }
+  return n;
 }
 
 std::vector<FrameService*> TransportSet::frame_services() const {

@@ -19,7 +19,7 @@ class TransportSet {
   // Makes every registered transport. `forced` is empty, or the name of a
   // transport that moves host memory between processes; it then serves every
   // host-memory request, to our own segment too. InvalidArgument otherwise,
-  // naming the choices.
+  // naming the choices, or when a transport refuses its options.
   static Result<std::unique_ptr<TransportSet>> Create(EngineContext& ctx, std::string forced);
   TransportSet(const TransportSet&) = delete;
   TransportSet& operator=(const TransportSet&) = delete;
@@ -52,6 +52,10 @@ class TransportSet {
   // engine: what a copy made straight through this address space reports.
   // Null when none is registered.
   const Transport* in_process() const { return in_process_; }
+  // Transport::Stop on each, once the engine's io threads have ended.
+  void StopAll();
+  // io_context threads for the engine: the most any transport asks, 1 at least.
+  int io_threads() const;
   // Every transport's target side, for the listener.
   std::vector<FrameService*> frame_services() const;
 

@@ -1,5 +1,5 @@
 // The one interface every transport implements, in lifecycle order:
-// capabilities, offering, reachability, registration, connect, post.
+// options, capabilities, offering, reachability, registration, connect, post.
 // Progress and completion happen on the transport's own threads, through
 // Task::Done. A transport lives in its own folder and registers itself there
 // with FERRY_REGISTER_TRANSPORT, so adding one touches no core file: the
@@ -39,7 +39,6 @@ struct EngineContext {
   ThreadPool& copy_pool;
   const MemoryRegistry& registry;
   gpu::Copier* copier;  // null without a GPU
-  ThreadPool* landing;  // lands received staging in GPU memory; null: inline
 };
 
 // Which peers a transport's endpoints can reach.
@@ -75,6 +74,10 @@ struct TransportCaps {
   // False when this process lacks what the transport needs (a GPU, say):
   // it is then neither offered nor routed to.
   bool available = true;
+  // Threads this transport's sockets want on the engine's io_context; the
+  // engine runs as many as the most demanding transport asks, 1 at least,
+  // unless EngineOptions::io_threads says otherwise.
+  int io_threads = 0;
 };
 
 // A transport's path to one segment. Shared with in-flight work, so it may
@@ -113,6 +116,11 @@ class Transport {
  public:
   virtual ~Transport() = default;
 
+  // 0. Options: InvalidArgument, naming the option, when one this transport
+  // reads is out of range; the engine then fails to start. Called once, on
+  // every transport made, before anything else. Optional.
+  virtual Status CheckOptions() const { return Status::Ok(); }
+
   // 1. Capabilities; fixed once the transport is made.
   virtual const TransportCaps& caps() const = 0;
 
@@ -149,6 +157,11 @@ class Transport {
   // The target side: frames this transport serves on the engine's listener
   // (listener.h). Null by default: the transport needs nothing served.
   virtual FrameService* frame_service() { return nullptr; }
+
+  // 6. Stop: the engine's io threads have ended. Finish and end the threads
+  // of the transport's own, before the listener and the peers go; nothing
+  // but destruction follows. Optional.
+  virtual void Stop() {}
 };
 
 using TransportFactory = std::unique_ptr<Transport> (*)(EngineContext& ctx);

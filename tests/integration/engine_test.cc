@@ -54,8 +54,7 @@ TransportCaps CapsOf(const std::string& name) {
   ThreadPool pool(1, "ferry-test");
   MemoryRegistry registry;
   auto copier = gpu::Copier::Create();
-  EngineContext ctx{options, io, pool, registry, copier.ok() ? copier.value().get() : nullptr,
-                    nullptr};
+  EngineContext ctx{options, io, pool, registry, copier.ok() ? copier.value().get() : nullptr};
   for (const auto& r : RegisteredTransports()) {
     if (name == r.name) return r.factory(ctx)->caps();
   }

@@ -151,7 +151,7 @@ TEST(Master, SilentNodeLosesItsReplicasAndLoneObjectsDisappear) {
   ASSERT_TRUE(g.ok() && m.PutEnd("both", g.value().put_id, true).ok());
   g = m.PutBegin({"on_a", 100, 1, "a:1", StorePin::kNone, Millis(0)}, "");
   ASSERT_TRUE(g.ok() && m.PutEnd("on_a", g.value().put_id, true).ok());
-  ASSERT_EQ(g.value().replicas[0].node, "a:1");
+  ASSERT_EQ(g.value().replicas[0].extents[0].segment, "a:1");
   // b keeps heartbeating, a goes silent.
   EXPECT_TRUE(Eventually([&] {
     (void)m.Heartbeat("b:1");
@@ -160,8 +160,8 @@ TEST(Master, SilentNodeLosesItsReplicasAndLoneObjectsDisappear) {
   EXPECT_EQ(m.Heartbeat("a:1").code(), StatusCode::kNotFound);  // it must mount again
   auto both = m.Get("both");
   ASSERT_TRUE(both.ok());
-  ASSERT_EQ(both.value().replicas.size(), 1u);
-  EXPECT_EQ(both.value().replicas[0].node, "b:1");
+  ASSERT_EQ(both.value().location.replicas.size(), 1u);
+  EXPECT_EQ(both.value().location.replicas[0].extents[0].segment, "b:1");
 }
 
 TEST(Master, MetricsText) {

@@ -300,7 +300,7 @@ TEST(Store, AbandonedPutIsReclaimedByTheMaster) {
   ASSERT_TRUE(mc.ok());
   auto begun =
       mc.value()->PutBegin({{"abandoned", 4 << 20, 1, "", StorePin::kNone, Millis(0)}}, "", false);
-  ASSERT_TRUE(begun.ok() && begun.value()[0].status.ok());
+  ASSERT_TRUE(begun.ok() && begun.value()[0].ok());
   mc.value().reset();
   EXPECT_EQ(s.value()->Exists("abandoned").code(), StatusCode::kNotFound);
   // Once reclaimed, its key and its space are free again.

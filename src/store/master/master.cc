@@ -106,6 +106,17 @@ void Master::FreeLater(std::vector<Allocation> replicas, Clock::time_point until
   }
 }
 
+// The replicas as clients address them: each extent names its node.
+static std::vector<StoreReplica> Replicas(const std::vector<Allocation>& allocations) {
+  std::vector<StoreReplica> out(allocations.size());
+  for (size_t r = 0; r < allocations.size(); ++r) {
+    for (const Extent& e : allocations[r].extents) {
+      out[r].extents.push_back({allocations[r].node, e.addr, e.length});
+    }
+  }
+  return out;
+}
+
 Result<PutGrant> Master::PutBegin(const PutSpec& spec, const std::string& client_node) {
   FERRY_RETURN_IF_ERROR(CheckKey(spec.key));
   if (spec.size == 0 || spec.size > options_.max_object_size) {
@@ -159,7 +170,7 @@ Result<PutGrant> Master::PutBegin(const PutSpec& spec, const std::string& client
     ++objects_;
   }
   FERRY_COUNT(puts_begun, 1);
-  return PutGrant{obj.put_id, std::move(alloc).value(), options_.put_timeout};
+  return PutGrant{obj.put_id, Replicas(alloc.value()), options_.put_timeout};
 }
 
 Status Master::PutEnd(const std::string& key, uint64_t put_id, bool commit) {
@@ -201,7 +212,7 @@ Result<GetGrant> Master::Get(const std::string& key) {
   it->second.leases.emplace_back(lease_id, now + options_.lease);
   it->second.last_access = now;
   FERRY_COUNT(gets, 1);
-  return GetGrant{it->second.size, it->second.replicas, options_.lease, lease_id};
+  return GetGrant{{it->second.size, Replicas(it->second.replicas), options_.lease}, lease_id};
 }
 
 Status Master::ReleaseLease(const std::string& key, uint64_t lease_id) {

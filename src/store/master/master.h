@@ -38,19 +38,6 @@ struct MasterOptions {
   uint32_t max_replicas = 8;
 };
 
-struct PutGrant {
-  uint64_t put_id = 0;
-  std::vector<Allocation> replicas;
-  Millis timeout{0};
-};
-
-struct GetGrant {
-  uint64_t size = 0;
-  std::vector<Allocation> replicas;
-  Millis lease{0};
-  uint64_t lease_id = 0;  // for ReleaseLease
-};
-
 struct MasterStats {
   SpaceUsage space;
   uint64_t objects = 0;
@@ -84,7 +71,8 @@ class Master {
   // Allocates the replicas of a new object, in state "writing". AlreadyExists
   // if the key is complete, Busy while another put of it is open,
   // ResourceExhausted when it fits nowhere even after evicting everything
-  // evictable. `client_node`: preferred when spec.preferred is empty.
+  // evictable. `client_node`: preferred when spec.preferred is empty. A
+  // replica's extents name its node as their segment.
   Result<PutGrant> PutBegin(const PutSpec& spec, const std::string& client_node);
   // Commits (the object becomes visible) or aborts an open put. NotFound when
   // the put is unknown, expired or was aborted.

@@ -37,10 +37,10 @@ grpc::Status CheckCount(int n) {
   return grpc::Status::OK;
 }
 
-void ToProto(const Allocation& a, pb::Replica* r) {
+void ToProto(const StoreReplica& a, pb::Replica* r) {
   for (const auto& e : a.extents) {
     auto* x = r->add_extents();
-    x->set_segment(a.node);
+    x->set_segment(e.segment);
     x->set_addr(e.addr);
     x->set_length(e.length);
   }
@@ -141,10 +141,11 @@ class Service final : public pb::Master::Service {
         auto grant = m_.Get(key);
         SetStatus(grant.status(), out->mutable_status());
         if (!grant.ok()) continue;
-        out->set_size(grant.value().size);
-        out->set_lease_ms(static_cast<uint64_t>(grant.value().lease.count()));
+        const ObjectLocation& loc = grant.value().location;
+        out->set_size(loc.size);
+        out->set_lease_ms(static_cast<uint64_t>(loc.lease.count()));
         out->set_lease_id(grant.value().lease_id);
-        for (const auto& a : grant.value().replicas) ToProto(a, out->add_replicas());
+        for (const auto& a : loc.replicas) ToProto(a, out->add_replicas());
       }
       return grpc::Status::OK;
     });

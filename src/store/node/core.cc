@@ -287,11 +287,11 @@ std::vector<Status> StoreCore::Put(std::span<const std::string> keys,
   Clock::time_point end = Clock::time_point::max();  // the first put timeout
   for (size_t j = 0; j < items.size(); ++j) {
     Status& st = out[index[j]];
-    st = g[j].status;
+    st = g[j].status();
     if (!st.ok()) continue;
-    end = std::min(end, t0 + g[j].timeout);
+    end = std::min(end, t0 + g[j].value().timeout);
     const Source& src = values[index[j]];
-    for (const auto& rep : g[j].replicas) {
+    for (const auto& rep : g[j].value().replicas) {
       Pieces(rep, src.parts, [&](uint8_t* p, const StoreExtent& e, uint64_t eo, uint64_t n) {
         if (Local(e)) {
           local.push_back({reinterpret_cast<uint8_t*>(e.addr + eo), p, n, j});
@@ -312,11 +312,11 @@ std::vector<Status> StoreCore::Put(std::span<const std::string> keys,
     if (st.ok() && !moved[r].ok()) st = moved[r];
   }
   // Commit what arrived everywhere, abort the rest: all or nothing per value.
-  std::vector<PutEndItem> ends;
+  std::vector<PutEnd> ends;
   std::vector<size_t> end_index;
   for (size_t j = 0; j < items.size(); ++j) {
-    if (!g[j].status.ok()) continue;
-    ends.push_back({items[j].key, g[j].put_id, out[index[j]].ok()});
+    if (!g[j].ok()) continue;
+    ends.push_back({items[j].key, g[j].value().put_id, out[index[j]].ok()});
     end_index.push_back(index[j]);
   }
   if (ends.empty()) return out;
@@ -356,7 +356,7 @@ std::vector<Result<size_t>> StoreCore::Get(std::span<const std::string> keys, st
   const auto [ask, index] = CheckKeys(keys, &st);
   std::vector<uint64_t> sizes(keys.size(), 0);
   const auto t0 = Clock::now();
-  std::vector<GetItem> found;
+  std::vector<Result<GetGrant>> found;
   if (!ask.empty()) {
     auto r = client_.Get(ask);
     if (!r.ok()) {
@@ -371,9 +371,9 @@ std::vector<Result<size_t>> StoreCore::Get(std::span<const std::string> keys, st
   Clock::time_point lease_end = Clock::time_point::max();  // the first lease to end
   for (size_t j = 0; j < found.size(); ++j) {
     const size_t i = index[j];
-    st[i] = found[j].status;
+    st[i] = found[j].status();
     if (!st[i].ok()) continue;
-    const ObjectLocation& loc = found[j].location;
+    const ObjectLocation& loc = found[j].value().location;
     sizes[i] = loc.size;
     Sink& s = sinks[i];
     s.size = loc.size;
@@ -425,10 +425,10 @@ std::vector<Result<size_t>> StoreCore::Get(std::span<const std::string> keys, st
       // Checked on the replica read first, before a byte reaches the sink.
       std::string prefix;
       Status& s = st[index[j]];
-      if (found[j].location.size < expect.size()) {
+      const ObjectLocation& loc = found[j].value().location;
+      if (loc.size < expect.size()) {
         s = Status::InvalidArgument("the value is shorter than the expected bytes");
-      } else if (s = ReadPrefix(found[j].location.replicas[order[j][0]], expect.size(), deadline,
-                                &prefix);
+      } else if (s = ReadPrefix(loc.replicas[order[j][0]], expect.size(), deadline, &prefix);
                  s.ok() && prefix != expect) {
         s = Status::InvalidArgument("the value does not begin with the expected bytes");
       }
@@ -442,7 +442,7 @@ std::vector<Result<size_t>> StoreCore::Get(std::span<const std::string> keys, st
     std::vector<LocalCopy> local;
     std::vector<Status> item(found.size());
     for (size_t j : pending) {
-      const StoreReplica& rep = found[j].location.replicas[order[j][round]];
+      const StoreReplica& rep = found[j].value().location.replicas[order[j][round]];
       Pieces(rep, dst[j], [&](uint8_t* p, const StoreExtent& e, uint64_t eo, uint64_t n) {
         if (Local(e)) {
           local.push_back({p, reinterpret_cast<const uint8_t*>(e.addr + eo), n, j});
@@ -477,7 +477,7 @@ std::vector<Result<size_t>> StoreCore::Get(std::span<const std::string> keys, st
   // space can be evicted or the key removed.
   std::vector<std::pair<std::string, uint64_t>> leases;
   for (size_t j = 0; j < found.size(); ++j) {
-    if (found[j].status.ok()) leases.emplace_back(keys[index[j]], found[j].lease_id);
+    if (found[j].ok()) leases.emplace_back(keys[index[j]], found[j].value().lease_id);
   }
   if (!leases.empty()) QueueReleases(std::move(leases));
   std::vector<Result<size_t>> out;
@@ -515,10 +515,10 @@ std::vector<Result<ObjectLocation>> StoreCore::Locate(std::span<const std::strin
   for (size_t j = 0; j < ask.size(); ++j) {
     if (!r.ok()) {
       out[index[j]] = r.status();
-    } else if (!r.value()[j].status.ok()) {
-      out[index[j]] = r.value()[j].status;
+    } else if (!r.value()[j].ok()) {
+      out[index[j]] = r.value()[j].status();
     } else {
-      out[index[j]] = std::move(r.value()[j].location);
+      out[index[j]] = std::move(r.value()[j].value().location);
     }
   }
   return out;

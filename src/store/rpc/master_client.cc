@@ -180,11 +180,11 @@ static Result<std::vector<T>> Chunked(size_t n, F&& call) {
   return out;
 }
 
-Result<std::vector<PutGrantItem>> MasterClient::PutBegin(const std::vector<PutSpec>& items,
-                                                         const std::string& client_node,
-                                                         bool prefer_local) {
-  return Chunked<PutGrantItem>(
-      items.size(), [&](size_t first, size_t count) -> Result<std::vector<PutGrantItem>> {
+Result<std::vector<Result<PutGrant>>> MasterClient::PutBegin(const std::vector<PutSpec>& items,
+                                                             const std::string& client_node,
+                                                             bool prefer_local) {
+  return Chunked<Result<PutGrant>>(
+      items.size(), [&](size_t first, size_t count) -> Result<std::vector<Result<PutGrant>>> {
         pb::PutBeginRequest req;
         req.set_client_node(client_node);
         req.set_prefer_local(prefer_local);
@@ -201,13 +201,13 @@ Result<std::vector<PutGrantItem>> MasterClient::PutBegin(const std::vector<PutSp
         auto ctx = Context(impl_->timeout);
         FERRY_RETURN_IF_ERROR(FromGrpc(impl_->stub->PutBegin(ctx.get(), req, &resp), "PutBegin"));
         FERRY_RETURN_IF_ERROR(CheckCount(resp.results_size(), count));
-        std::vector<PutGrantItem> out(count);
+        std::vector<Result<PutGrant>> out;
+        out.reserve(count);
         for (size_t i = 0; i < count; ++i) {
           const auto& r = resp.results(static_cast<int>(i));
-          out[i].status = ReadItem(r, items[first + i].size, &out[i].replicas);
-          if (!out[i].status.ok()) continue;
-          out[i].put_id = r.put_id();
-          out[i].timeout = Term(r.timeout_ms());
+          PutGrant g{r.put_id(), {}, Term(r.timeout_ms())};
+          Status st = ReadItem(r, items[first + i].size, &g.replicas);
+          out.push_back(st.ok() ? Result<PutGrant>(std::move(g)) : Result<PutGrant>(st));
         }
         return out;
       });
@@ -229,7 +229,7 @@ static Result<std::vector<Status>> StatusCall(
   });
 }
 
-Result<std::vector<Status>> MasterClient::PutEnd(const std::vector<PutEndItem>& items) {
+Result<std::vector<Status>> MasterClient::PutEnd(const std::vector<store::PutEnd>& items) {
   return StatusCall(
       *impl_->stub, impl_->timeout, items.size(), "PutEnd",
       [&](pb::PutEndRequest& req, size_t i) {
@@ -241,23 +241,22 @@ Result<std::vector<Status>> MasterClient::PutEnd(const std::vector<PutEndItem>& 
       &pb::Master::Stub::PutEnd);
 }
 
-Result<std::vector<GetItem>> MasterClient::Get(const std::vector<std::string>& keys) {
-  return Chunked<GetItem>(
-      keys.size(), [&](size_t first, size_t count) -> Result<std::vector<GetItem>> {
+Result<std::vector<Result<GetGrant>>> MasterClient::Get(const std::vector<std::string>& keys) {
+  return Chunked<Result<GetGrant>>(
+      keys.size(), [&](size_t first, size_t count) -> Result<std::vector<Result<GetGrant>>> {
         pb::KeysRequest req;
         for (size_t i = first; i < first + count; ++i) req.add_keys(keys[i]);
         pb::GetResponse resp;
         auto ctx = Context(impl_->timeout);
         FERRY_RETURN_IF_ERROR(FromGrpc(impl_->stub->Get(ctx.get(), req, &resp), "Get"));
         FERRY_RETURN_IF_ERROR(CheckCount(resp.results_size(), count));
-        std::vector<GetItem> out(count);
+        std::vector<Result<GetGrant>> out;
+        out.reserve(count);
         for (size_t i = 0; i < count; ++i) {
           const auto& r = resp.results(static_cast<int>(i));
-          out[i].status = ReadItem(r, r.size(), &out[i].location.replicas);
-          if (!out[i].status.ok()) continue;
-          out[i].location.size = r.size();
-          out[i].location.lease = Term(r.lease_ms());
-          out[i].lease_id = r.lease_id();
+          GetGrant g{{r.size(), {}, Term(r.lease_ms())}, r.lease_id()};
+          Status st = ReadItem(r, r.size(), &g.location.replicas);
+          out.push_back(st.ok() ? Result<GetGrant>(std::move(g)) : Result<GetGrant>(st));
         }
         return out;
       });

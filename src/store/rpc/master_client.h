@@ -15,25 +15,6 @@
 
 namespace ferry::store {
 
-struct PutGrantItem {
-  Status status;
-  uint64_t put_id = 0;
-  std::vector<StoreReplica> replicas;
-  Millis timeout{0};
-};
-
-struct PutEndItem {
-  std::string key;
-  uint64_t put_id = 0;
-  bool commit = false;
-};
-
-struct GetItem {
-  Status status;
-  ObjectLocation location;
-  uint64_t lease_id = 0;
-};
-
 class MasterClient {
  public:
   // A channel to `address` ("host:port"); connects lazily and reconnects fast
@@ -51,10 +32,10 @@ class MasterClient {
   Status Unmount(const std::string& node);
 
   // One result per item. A failed call fails as a whole.
-  Result<std::vector<PutGrantItem>> PutBegin(const std::vector<PutSpec>& items,
-                                             const std::string& client_node, bool prefer_local);
-  Result<std::vector<Status>> PutEnd(const std::vector<PutEndItem>& items);
-  Result<std::vector<GetItem>> Get(const std::vector<std::string>& keys);
+  Result<std::vector<Result<PutGrant>>> PutBegin(const std::vector<PutSpec>& items,
+                                                 const std::string& client_node, bool prefer_local);
+  Result<std::vector<Status>> PutEnd(const std::vector<store::PutEnd>& items);
+  Result<std::vector<Result<GetGrant>>> Get(const std::vector<std::string>& keys);
   // Ends leases from Get early: (key, lease id) pairs.
   Result<std::vector<Status>> ReleaseLeases(
       const std::vector<std::pair<std::string, uint64_t>>& leases);

@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <atomic>
 #include <functional>
+#include <thread>
 
 #include "common/log.h"
+#include "common/thread_pool.h"
 #include "ferry/engine.h"
 #include "gpu/copier.h"
 #include "gpu/gpu.h"
@@ -127,17 +129,29 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
   ThreadPool* landing_;                   // see LandStaged; null: inline
 };
 
+// Thread counts that grow with the machine.
+int OnePerFourCores(int lo, int hi) {
+  return std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 4, lo, hi);
+}
+
 class TcpTransport : public Transport {
  public:
   static constexpr char kName[] = "tcp";
 
   explicit TcpTransport(EngineContext& ctx) : ctx_(ctx) {
+    const EngineOptions& o = ctx.options;
     caps_.name = kName;
     caps_.priority = 30;
     caps_.max_task_bytes = ctx.options.tcp_chunk_bytes;
     caps_.gpu_memory = ctx.copier != nullptr;  // local GPU memory, through staging
     caps_.reach = Reach::kNetwork;
     caps_.target_stages_gpu = true;  // the target side stages its GPU memory
+    caps_.io_threads = OnePerFourCores(1, o.tcp_lanes);
+    if (ctx.copier != nullptr) {
+      const int landing =
+          o.landing_threads < 0 ? OnePerFourCores(2, std::max(2, o.tcp_lanes)) : o.landing_threads;
+      if (landing > 0) landing_ = std::make_unique<ThreadPool>(landing, "ferry-landing");
+    }
     TcpTarget::Config tc;
     tc.staging_bytes = ctx.options.tcp_chunk_bytes;
     // One peer's lanes, each with the doubled window of requests to GPU memory
@@ -146,13 +160,25 @@ class TcpTransport : public Transport {
         2 * static_cast<size_t>(ctx.options.tcp_chunks_in_flight), kMaxQueuedReplies);
     tc.staging_buffers =
         std::clamp<size_t>(static_cast<size_t>(ctx.options.tcp_lanes) * per_lane, 16, 64);
-    tc.landing = ctx.landing;
+    tc.landing = landing_.get();
     target_ = std::make_unique<TcpTarget>(tc, ctx.registry, ctx.copier);
+  }
+
+  Status CheckOptions() const override {
+    const EngineOptions& o = ctx_.options;
+    if (o.tcp_lanes < 1 || o.tcp_chunks_in_flight < 1 || o.tcp_chunk_bytes < 4096 ||
+        o.tcp_chunk_bytes > (64u << 20)) {
+      return Status::InvalidArgument("tcp options out of range");
+    }
+    return Status::Ok();
   }
 
   const TransportCaps& caps() const override { return caps_; }
 
   FrameService* frame_service() override { return target_.get(); }
+
+  // Landing jobs use target_'s staging and answer on listener connections.
+  void Stop() override { landing_.reset(); }
 
   bool CanReach(const Segment& segment) const override {
     auto d = segment.descriptor();
@@ -187,13 +213,17 @@ class TcpTransport : public Transport {
       }
     }
     return std::shared_ptr<Endpoint>(std::make_shared<TcpEndpoint>(
-        std::move(lanes), ctx_.copier, std::move(staging), ctx_.landing));
+        std::move(lanes), ctx_.copier, std::move(staging), landing_.get()));
   }
 
  private:
   EngineContext& ctx_;
   TransportCaps caps_;
   std::unique_ptr<TcpTarget> target_;  // our end for peers' lanes, on the listener
+  // Lands received staging in GPU memory; null without a GPU, with
+  // landing_threads 0 (inline), or once stopped. Declared after target_,
+  // whose staging its jobs use.
+  std::unique_ptr<ThreadPool> landing_;
 };
 
 }  // namespace
