@@ -114,8 +114,18 @@ class Engine::Impl {
     cfg.port = options_.port;
     cfg.epoch = epoch_;
     cfg.frame_timeout = options_.request_timeout;
+    cfg.handshake_timeout = options_.connect_timeout;  // what our own connects allow
     FERRY_ASSIGN_OR_RETURN(int64_t max_connections, env::GetInt("FERRY_MAX_CONNECTIONS", 1024));
+    // A quarter by default, at least room for a few engines' lanes from one host.
+    FERRY_ASSIGN_OR_RETURN(int64_t per_source,
+                           env::GetInt("FERRY_MAX_CONNECTIONS_PER_SOURCE",
+                                       std::max<int64_t>(16, max_connections / 4)));
+    if (max_connections < 1 || per_source < 1) {
+      return Status::InvalidArgument(
+          "FERRY_MAX_CONNECTIONS and FERRY_MAX_CONNECTIONS_PER_SOURCE must be at least 1");
+    }
     cfg.max_connections = static_cast<size_t>(max_connections);
+    cfg.max_connections_per_source = static_cast<size_t>(per_source);
     auto l = Listener::Start(
         io_, cfg, [this] { return EncodeDescriptor(Describe()); }, transports_->frame_services());
     if (!l.ok()) return l.status();

@@ -1,5 +1,6 @@
 #include "transfer/listener.h"
 
+#include <algorithm>
 #include <asio.hpp>
 #include <deque>
 #include <list>
@@ -172,6 +173,7 @@ class Connection : public FrameConnection, public std::enable_shared_from_this<C
     if (h.status != StatusCode::kOk) {
       return Drop("a request carries status " + std::string(StatusCodeName(h.status)));
     }
+    greeted_ = true;
     switch (h.opcode) {
       case Opcode::kHello: {
         StatusCode st =
@@ -195,9 +197,13 @@ class Connection : public FrameConnection, public std::enable_shared_from_this<C
   }
 
   void Watchdog() {
-    timer_.expires_after(std::min<Millis>(cfg_.frame_timeout, Millis(500)));
+    timer_.expires_after(
+        std::clamp(std::min(cfg_.frame_timeout, cfg_.handshake_timeout), Millis(10), Millis(500)));
     timer_.async_wait([self = shared_from_this()](auto ec) {
       if (ec || self->closed_) return;
+      if (!self->greeted_ && Clock::now() - self->accepted_ >= self->cfg_.handshake_timeout) {
+        return self->Drop("no frame within the connect timeout");
+      }
       if (self->busy_ > 0 && Clock::now() - self->progress_ > self->cfg_.frame_timeout) {
         return self->Drop("frame timed out");
       }
@@ -212,6 +218,8 @@ class Connection : public FrameConnection, public std::enable_shared_from_this<C
   const std::vector<FrameService*>& services_;
   std::string peer_;
   bool closed_ = false;
+  bool greeted_ = false;  // its first frame arrived
+  const Clock::time_point accepted_ = Clock::now();
   int lowat_ = 1;
   int busy_ = 0;  // reads and writes under way
   Clock::time_point progress_ = Clock::now();
@@ -258,8 +266,8 @@ class ListenerImpl : public Listener {
       acceptor_.close(ec);
     });
     std::lock_guard lk(mu_);
-    for (auto& w : conns_) {
-      if (auto c = w.lock()) c->Close();
+    for (auto& e : conns_) {
+      if (auto c = e.conn.lock()) c->Close();
     }
     conns_.clear();
   }
@@ -268,24 +276,43 @@ class ListenerImpl : public Listener {
   void Accept() {
     acceptor_.async_accept(asio::make_strand(io_), [this](auto ec, tcp::socket sock) {
       if (ec == asio::error::operation_aborted) return;
-      if (!ec) {
+      asio::error_code gone;
+      const asio::ip::address source =
+          ec ? asio::ip::address() : sock.remote_endpoint(gone).address();
+      if (!ec && !gone) {  // else the peer left before it was accepted
         auto c = std::make_shared<Connection>(std::move(sock), cfg_, descriptor_, services_);
-        bool admitted;
-        {
-          std::lock_guard lk(mu_);
-          conns_.remove_if([](auto& w) { return w.expired(); });
-          admitted = conns_.size() < cfg_.max_connections;
-          if (admitted) conns_.push_back(c);
-        }
-        if (admitted) {
+        const std::string refusal = Admit(source, c);
+        if (refusal.empty()) {
           c->Start();
         } else {
-          FERRY_LOG_WARN("listener: refusing a connection: {} already open", cfg_.max_connections);
+          FERRY_LOG_WARN("listener: refusing a connection from {}: {}", source.to_string(),
+                         refusal);
           c->Close();
         }
       }
       if (acceptor_.is_open()) Accept();
     });
+  }
+
+  struct Entry {
+    asio::ip::address source;
+    std::weak_ptr<Connection> conn;
+  };
+
+  // Empty when `c`, from `source`, takes a slot; else why it may not.
+  std::string Admit(const asio::ip::address& source, const std::shared_ptr<Connection>& c) {
+    std::lock_guard lk(mu_);
+    conns_.remove_if([](const Entry& e) { return e.conn.expired(); });
+    if (conns_.size() >= cfg_.max_connections) {
+      return std::to_string(cfg_.max_connections) + " already open";
+    }
+    const auto from_source = std::count_if(conns_.begin(), conns_.end(),
+                                           [&](const Entry& e) { return e.source == source; });
+    if (static_cast<size_t>(from_source) >= cfg_.max_connections_per_source) {
+      return std::to_string(cfg_.max_connections_per_source) + " already open from there";
+    }
+    conns_.push_back({source, c});
+    return "";
   }
 
   asio::io_context& io_;
@@ -295,7 +322,7 @@ class ListenerImpl : public Listener {
   tcp::acceptor acceptor_;
   uint16_t port_ = 0;
   std::mutex mu_;
-  std::list<std::weak_ptr<Connection>> conns_;  // guarded by mu_
+  std::list<Entry> conns_;  // guarded by mu_
 };
 
 }  // namespace

@@ -3,7 +3,9 @@
 // frame of any other opcode goes to the transport service that claims it
 // (frame_service.h), such as the tcp transport's target side. A malformed
 // frame, or one no service claims, closes that connection and is logged, and
-// the listener keeps serving everyone else.
+// the listener keeps serving everyone else. Connections are capped in all and
+// per source address, and one that sends nothing is closed after the
+// handshake timeout, so sockets left idle cannot lock real peers out.
 #pragma once
 
 #include <cstdint>
@@ -31,8 +33,14 @@ class Listener {
     uint64_t epoch = 0;
     // Bound on a frame's progress once its header arrived.
     Millis frame_timeout{30000};
+    // A connection whose first frame (a Hello, or a descriptor fetch) has not
+    // arrived by then is closed: it holds a slot without being a peer.
+    Millis handshake_timeout{5000};
     // Connections beyond this are closed at once; env FERRY_MAX_CONNECTIONS.
     size_t max_connections = 1024;
+    // The same from any one source address, so that one host cannot take
+    // every slot; env FERRY_MAX_CONNECTIONS_PER_SOURCE.
+    size_t max_connections_per_source = 256;
   };
   using DescriptorFn = std::function<std::vector<uint8_t>()>;
 

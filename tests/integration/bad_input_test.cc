@@ -93,10 +93,15 @@ TEST(BadInput, UnknownSegment) {
 // A raw client of the listener, for frames no engine would send.
 class RawClient {
  public:
-  explicit RawClient(uint16_t port) {
+  // From `from`, another loopback address, where given: another source.
+  explicit RawClient(uint16_t port, const char* from = nullptr) {
     fd_ = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
+    if (from != nullptr) {
+      inet_pton(AF_INET, from, &a.sin_addr);
+      if (bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return;
+    }
     a.sin_port = htons(port);
     inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
     connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
@@ -275,6 +280,104 @@ TEST(BadInput, ConnectionsBeyondTheLimitAreRefusedAndTheRestServed) {
   RawClient again(port);
   again.SendHeader(wire::Opcode::kHello, 0, 0);
   EXPECT_TRUE(again.ReadHeader().has_value());
+}
+
+uint16_t PortOf(const Engine& e) {
+  return static_cast<uint16_t>(std::stoi(e.name().substr(e.name().rfind(':') + 1)));
+}
+
+// `peer` writes `msg` into `target` at `addr`, retried until it works or
+// `deadline` passes; the last status.
+Status WriteWhenAdmitted(Engine& peer, const Engine& target, char* msg, size_t n, void* addr,
+                         Deadline deadline) {
+  Status st = Status::Timeout("never tried");
+  while (!deadline.Expired()) {
+    auto s = peer.OpenSegment(target.name());
+    st = s.ok() ? peer.Transfer({Op::kWrite, msg, s.value(), reinterpret_cast<uint64_t>(addr), n},
+                                seconds(5))
+                : s.status();
+    if (st.ok()) break;
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  return st;
+}
+
+// Sockets that connect and never send a byte hold no slot past the connect
+// timeout (issue 18, point 1): once it has passed, a real peer gets in.
+TEST(BadInput, SilentConnectionsAreClosedAfterTheConnectTimeout) {
+  setenv("FERRY_MAX_CONNECTIONS", "8", 1);
+  EngineOptions o;
+  o.connect_timeout = milliseconds(300);
+  auto target = Engine::Create(o);
+  unsetenv("FERRY_MAX_CONNECTIONS");
+  ASSERT_TRUE(target.ok()) << target.status().ToString();
+  std::vector<char> mem(4096, 0);
+  ASSERT_TRUE(target.value()->RegisterMemory(mem.data(), mem.size()).ok());
+  std::vector<std::unique_ptr<RawClient>> silent;
+  for (int i = 0; i < 8 + 4; ++i) {  // every slot, and four past them
+    silent.push_back(std::make_unique<RawClient>(PortOf(*target.value())));
+    ASSERT_TRUE(silent.back()->connected()) << i;
+  }
+  auto peer = MakeEngine("tcp");
+  char msg[] = "got in";
+  Status st = WriteWhenAdmitted(*peer, *target.value(), msg, sizeof(msg), mem.data(),
+                                Deadline::After(seconds(20)));
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_STREQ(mem.data(), msg);
+  for (size_t i = 0; i < silent.size(); ++i) {
+    EXPECT_FALSE(silent[i]->ReadHeader().has_value()) << i;
+    ASSERT_FALSE(silent[i]->timed_out()) << "silent connection " << i << " is still open";
+  }
+}
+
+// One source address gets FERRY_MAX_CONNECTIONS_PER_SOURCE of the slots
+// (issue 18, point 1); past that its connections are closed, and other
+// sources are still served.
+TEST(BadInput, ConnectionsPastThePerSourceCapAreClosedWhileOthersAreServed) {
+  for (const char* bad : {"abc", "0"}) {
+    setenv("FERRY_MAX_CONNECTIONS_PER_SOURCE", bad, 1);
+    auto e = Engine::Create({});
+    EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(e.status().message().find("FERRY_MAX_CONNECTIONS_PER_SOURCE"), std::string::npos)
+        << e.status().ToString();
+  }
+  setenv("FERRY_MAX_CONNECTIONS_PER_SOURCE", "6", 1);
+  auto target = Engine::Create({});
+  unsetenv("FERRY_MAX_CONNECTIONS_PER_SOURCE");
+  ASSERT_TRUE(target.ok()) << target.status().ToString();
+  std::vector<char> mem(4096, 0);
+  ASSERT_TRUE(target.value()->RegisterMemory(mem.data(), mem.size()).ok());
+  const uint16_t port = PortOf(*target.value());
+  std::vector<std::unique_ptr<RawClient>> held;  // from 127.0.0.2, also loopback
+  for (int i = 0; i < 6; ++i) {
+    held.push_back(std::make_unique<RawClient>(port, "127.0.0.2"));
+    ASSERT_TRUE(held.back()->connected()) << i;
+    held.back()->SendHeader(wire::Opcode::kHello, 0, 0);
+    auto h = held.back()->ReadHeader();
+    ASSERT_TRUE(h.has_value()) << i;
+    EXPECT_EQ(h->opcode, wire::Opcode::kHelloAck);
+  }
+  for (int i = 0; i < 3; ++i) {
+    RawClient extra(port, "127.0.0.2");
+    ASSERT_TRUE(extra.connected());
+    extra.SendHeader(wire::Opcode::kHello, 0, 0);
+    EXPECT_FALSE(extra.ReadHeader().has_value()) << "extra connection " << i << " was served";
+    EXPECT_FALSE(extra.timed_out());
+  }
+  // An engine from 127.0.0.1 is another source: it gets in at once.
+  auto peer = MakeEngine("tcp");
+  char msg[] = "other source";
+  auto s = peer->OpenSegment(target.value()->name());
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_TRUE(peer->Transfer({Op::kWrite, msg, s.value(), reinterpret_cast<uint64_t>(mem.data()),
+                              sizeof(msg)})
+                  .ok());
+  EXPECT_STREQ(mem.data(), msg);
+  // The connections it holds are still served.
+  held.front()->SendHeader(wire::Opcode::kHello, 0, 0);
+  auto h = held.front()->ReadHeader();
+  ASSERT_TRUE(h.has_value());
+  EXPECT_EQ(h->opcode, wire::Opcode::kHelloAck);
 }
 
 TEST(BadInput, MalformedDescriptorReplyIsAProtocolError) {

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -11,6 +12,8 @@
 #include <cstring>
 
 #include "common/bytes.h"
+#include "store/node/attach_server.h"
+#include "store/node/core.h"
 #include "store/rpc/attach_wire.h"
 #include "store/store_cluster.h"
 
@@ -88,6 +91,130 @@ int RawAttached(const std::string& path) {
 bool ClosedByPeer(int fd) {
   auto f = attach::Receive(fd, Deadline::After(Millis(5000)), Millis(5000));
   return !f.ok() && f.status().code() == StatusCode::kConnectionLost;
+}
+
+// An attach server in this process, for options that `ferry node` keeps to
+// itself: an engine and a core over `master`, serving `o.path`.
+struct AttachServerHere {
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<store::MasterClient> client;
+  std::unique_ptr<store::StoreCore> core;
+  std::unique_ptr<store::AttachServer> server;
+};
+
+Result<AttachServerHere> ServeHere(const std::string& master, store::AttachOptions o) {
+  AttachServerHere h;
+  FERRY_ASSIGN_OR_RETURN(h.engine, Engine::Create({}));
+  FERRY_ASSIGN_OR_RETURN(h.client, store::MasterClient::Connect(master, Millis(5000)));
+  h.core = std::make_unique<store::StoreCore>(*h.engine, *h.client, nullptr, store::CoreOptions{});
+  o.master = master;
+  FERRY_ASSIGN_OR_RETURN(h.server, store::AttachServer::Start(*h.core, std::move(o)));
+  return h;
+}
+
+// A raw connection made as `uid`, on a thread of its own: the raw syscall
+// changes that thread's effective uid alone (glibc's seteuid would change
+// every thread's, the server's too). -1 when it cannot be made.
+int RawConnectAs(uint32_t uid, const std::string& path) {
+  int fd = -1;
+  std::thread([&] {
+    if (syscall(SYS_setresuid, -1, uid, -1) == 0) fd = RawConnect(path);
+  }).join();
+  return fd;
+}
+
+// Whether the node admits the client on `fd`: its Hello is answered OK.
+bool SaysHello(int fd) {
+  std::vector<uint8_t> hello;
+  ByteWriter(&hello).U32(1);
+  auto r = RawCall(fd, attach::Type::kHello, hello);
+  return r.ok() && r.value().code == StatusCode::kOk;
+}
+
+// A real client attaches and gets an answer from the master through the node.
+Status AttachAndAsk(const std::string& path) {
+  FERRY_ASSIGN_OR_RETURN(auto s, Store::Attach(path, Small()));
+  return s->Stats().status();
+}
+
+// Connections that never say Hello lock nobody out (issue 18, point 1):
+// past the cap (and the few kept to be told why) they are closed at once,
+// without waiting for a Hello; the rest at the handshake timeout, and then a
+// client gets in.
+TEST(Attach, SilentConnectionsPastTheCapAreClosedAtOnceAndTheRestInTime) {
+  auto master = cli::SpawnMaster(FerryBin(), {"--tick-ms", "20"});
+  ASSERT_TRUE(master.ok()) << master.status().ToString();
+  store::AttachOptions o;
+  o.path = SocketPath("flood");
+  o.max_clients = 2;
+  o.handshake_timeout = Millis(120000);  // long: what closes these is not the timeout
+  auto here = ServeHere(master.value().address, o);
+  ASSERT_TRUE(here.ok()) << here.status().ToString();
+  std::vector<int> held;  // two served, eight to be told why
+  for (int i = 0; i < 2 + 8; ++i) {
+    held.push_back(RawConnect(o.path));
+    ASSERT_GE(held.back(), 0);
+  }
+  for (int i = 0; i < 4; ++i) {
+    int fd = RawConnect(o.path);
+    ASSERT_GE(fd, 0);
+    EXPECT_TRUE(ClosedByPeer(fd)) << "connection " << i << " past the cap is still open";
+    close(fd);
+  }
+  for (int fd : held) close(fd);
+  EXPECT_TRUE(Eventually([&] { return AttachAndAsk(o.path).ok(); }));
+
+  // With a short handshake timeout, silent connections in every slot are
+  // closed once it passes, and a client that says Hello gets in.
+  o.path = SocketPath("silent");
+  o.handshake_timeout = Millis(300);
+  auto quick = ServeHere(master.value().address, o);
+  ASSERT_TRUE(quick.ok()) << quick.status().ToString();
+  held.clear();
+  for (int i = 0; i < 2 + 8; ++i) {
+    held.push_back(RawConnect(o.path));
+    ASSERT_GE(held.back(), 0);
+  }
+  Status st = Status::Timeout("never tried");
+  EXPECT_TRUE(Eventually([&] { return (st = AttachAndAsk(o.path)).ok(); })) << st.ToString();
+  for (int fd : held) {
+    EXPECT_TRUE(ClosedByPeer(fd));
+    close(fd);
+  }
+}
+
+// A uid the node refuses takes no client's slot, and each allowed uid other
+// than the node's own holds at most max_clients_per_uid (issue 18, point 1).
+TEST(Attach, RefusedUidsTakeNoSlotAndEachOtherUidIsCapped) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root, to connect as other uids";
+  constexpr uint32_t kAllowed = 65534, kStranger = 65533;
+  auto master = cli::SpawnMaster(FerryBin(), {"--tick-ms", "20"});
+  ASSERT_TRUE(master.ok()) << master.status().ToString();
+  store::AttachOptions o;
+  o.path = SocketPath("uids");
+  o.allow_uids = {kAllowed};
+  o.max_clients = 4;
+  o.max_clients_per_uid = 2;
+  o.handshake_timeout = Millis(120000);
+  auto here = ServeHere(master.value().address, o);
+  ASSERT_TRUE(here.ok()) << here.status().ToString();
+  std::vector<int> fds;
+  for (int i = 0; i < 6; ++i) {  // silent, from a uid that may not attach
+    fds.push_back(RawConnectAs(kStranger, o.path));
+    ASSERT_GE(fds.back(), 0);
+  }
+  for (int i = 0; i < 2; ++i) {
+    fds.push_back(RawConnectAs(kAllowed, o.path));
+    ASSERT_GE(fds.back(), 0);
+    EXPECT_TRUE(SaysHello(fds.back())) << "allowed client " << i;
+  }
+  fds.push_back(RawConnectAs(kAllowed, o.path));
+  ASSERT_GE(fds.back(), 0);
+  EXPECT_FALSE(SaysHello(fds.back())) << "a third client of one uid was admitted";
+  // The node's own uid is not capped per uid, and still finds room.
+  Status st = AttachAndAsk(o.path);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  for (int fd : fds) close(fd);
 }
 
 TEST(Attach, PutGetAndSeeEachOthersObjects) {

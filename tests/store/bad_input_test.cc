@@ -1,6 +1,11 @@
 // Bad input gets a clear error: through ferry::Store, and as raw, malformed
 // gRPC requests sent with the generated stub. The master keeps serving.
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "proto/store.grpc.pb.h"
 #include "store_cluster.h"
@@ -174,6 +179,41 @@ TEST_F(BadInput, MalformedMountsAndHeartbeats) {
   EXPECT_EQ(nr.status().code(), static_cast<uint32_t>(StatusCode::kNotFound));
   // Still serving.
   EXPECT_TRUE(store_->Put("still-serving", Pattern(10, 1)).ok());
+}
+
+// Whether the peer closes `fd` before `deadline`; what it sends meanwhile
+// (the server's HTTP/2 settings) is read and dropped.
+bool ClosedBefore(int fd, Deadline deadline) {
+  char buf[256];
+  while (!deadline.Expired()) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    if (recv(fd, buf, sizeof(buf), 0) <= 0) return true;  // EOF or reset
+  }
+  return false;
+}
+
+// Sockets that connect to the master and never speak are closed at its
+// handshake timeout (5 s; gRPC's own default is 120 s), and calls are served
+// meanwhile (issue 18, point 1).
+TEST_F(BadInput, SilentConnectionsToTheMasterAreClosed) {
+  const std::string& addr = cluster_->master.address;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(std::stoi(addr.substr(addr.rfind(':') + 1))));
+  ASSERT_EQ(inet_pton(AF_INET, addr.substr(0, addr.rfind(':')).c_str(), &a.sin_addr), 1) << addr;
+  std::vector<int> silent;
+  for (int i = 0; i < 4; ++i) {
+    silent.push_back(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    ASSERT_EQ(connect(silent.back(), reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  }
+  EXPECT_TRUE(store_->Put("beside-silent", Pattern(10, 2)).ok());
+  const Deadline deadline = Deadline::After(std::chrono::seconds(30));
+  for (size_t i = 0; i < silent.size(); ++i) {
+    EXPECT_TRUE(ClosedBefore(silent[i], deadline)) << "silent connection " << i << " still open";
+    close(silent[i]);
+  }
+  EXPECT_TRUE(store_->Exists("beside-silent").ok());
 }
 
 }  // namespace

@@ -291,6 +291,15 @@ Result<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterServerOpti
                            &port);
   builder.RegisterService(&impl->service);
   builder.SetMaxReceiveMessageSize(64 << 20);
+  // Idle sockets must not pile up (issue 18, point 1). A connection that has
+  // not sent its HTTP/2 preface and settings in 5 s is closed (gRPC waits
+  // 120 s by default); one without a call for 10 minutes gets a GOAWAY, and
+  // its channel reconnects at its next call; a peer that stops answering
+  // pings is dropped. gRPC caps neither connections nor connections per peer.
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, 5000);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 10 * 60 * 1000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 60 * 1000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20 * 1000);
   impl->server = builder.BuildAndStart();
   if (impl->server == nullptr || port == 0) {
     return Status::Unavailable("cannot serve gRPC on " + o.host + ":" + std::to_string(o.port));

@@ -9,6 +9,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <random>
@@ -549,6 +550,26 @@ void AttachServer::Reap(bool all) {
   }
 }
 
+// Refused connections kept at once to be told why; past these, closed unanswered.
+constexpr size_t kMaxRefusing = 8;
+
+std::string AttachServer::Room(uint32_t uid, bool trusted) const {
+  size_t admitted = 0, of_uid = 0;
+  for (const Client& c : clients_) {
+    if (!c.admitted || c.done) continue;
+    ++admitted;
+    if (c.uid == uid) ++of_uid;
+  }
+  if (admitted >= options_.max_clients) {
+    return "the node serves at most " + std::to_string(options_.max_clients) + " clients";
+  }
+  if (!trusted && of_uid >= options_.max_clients_per_uid) {
+    return "the node serves at most " + std::to_string(options_.max_clients_per_uid) +
+           " clients of uid " + std::to_string(uid);
+  }
+  return "";
+}
+
 void AttachServer::AcceptLoop() {
   while (!stop_) {
     pollfd p[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
@@ -559,23 +580,30 @@ void AttachServer::AcceptLoop() {
     if (fd < 0) continue;
     ucred cred{};
     socklen_t len = sizeof(cred);
+    const bool known = getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0;
+    const bool trusted = known && (cred.uid == 0 || cred.uid == geteuid());
     std::string refusal;
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    if (!known) {
       refusal = "the node cannot read this process's credentials";
-    } else if (cred.uid != 0 && cred.uid != geteuid() &&
-               std::find(options_.allow_uids.begin(), options_.allow_uids.end(), cred.uid) ==
-                   options_.allow_uids.end()) {
+    } else if (!trusted && std::find(options_.allow_uids.begin(), options_.allow_uids.end(),
+                                     cred.uid) == options_.allow_uids.end()) {
       refusal = "uid " + std::to_string(cred.uid) + " may not attach to this node (--allow-uid)";
     }
     std::lock_guard lock(mu_);
-    if (refusal.empty() && clients_.size() >= options_.max_clients) {
-      refusal = "the node serves at most " + std::to_string(options_.max_clients) + " clients";
-    }
+    if (refusal.empty()) refusal = Room(cred.uid, trusted);
     if (!refusal.empty()) {
       FERRY_LOG_WARN("attach {}: refusing pid {}: {}", options_.path, cred.pid, refusal);
+      size_t refusing = 0;
+      for (const Client& k : clients_) refusing += !k.admitted && !k.done;
+      if (refusing >= kMaxRefusing) {
+        close(fd);
+        continue;
+      }
     }
     Client& c = clients_.emplace_back();
     c.fd = fd;
+    c.uid = cred.uid;
+    c.admitted = refusal.empty();
     c.thread = std::thread([this, &c, refusal] {
       NameThisThread("ferry-attached");
       Session(core_, options_, instance_, c.fd).Run(refusal.empty(), refusal);

@@ -28,8 +28,14 @@ struct AttachOptions {
   // Who may attach besides this process's uid and root. Empty: the socket's
   // mode is 0600. Otherwise 0666, and SO_PEERCRED admits only these uids.
   std::vector<uint32_t> allow_uids;
+  // Connections served at once, those yet to say Hello included. Past it, and
+  // for a uid not allowed, a few are kept to be told why once they say Hello;
+  // the rest are closed at once, so a flood costs no thread.
   size_t max_clients = 256;
-  Millis handshake_timeout{5000};  // a connection must say Hello by then
+  // Of those, each uid other than the node's own and root holds at most this
+  // many, so that one allowed user cannot lock the others out.
+  size_t max_clients_per_uid = 64;
+  Millis handshake_timeout{5000};  // a connection must begin its Hello by then
   Millis frame_timeout{5000};      // a frame begun must be complete by then
   size_t max_buffers_per_client = 1024;
   std::string master;  // reported to clients
@@ -49,6 +55,8 @@ class AttachServer {
  private:
   struct Client {
     int fd = -1;
+    uint32_t uid = 0;
+    bool admitted = false;  // else it is only told why not
     std::thread thread;
     std::atomic<bool> done{false};
   };
@@ -57,6 +65,8 @@ class AttachServer {
   void AcceptLoop();
   void Serve(Client* c);
   void Reap(bool all);
+  // Empty when a client of `uid` may take a slot; else why not. Under mu_.
+  std::string Room(uint32_t uid, bool trusted) const;
 
   StoreCore& core_;
   const AttachOptions options_;
