@@ -85,12 +85,14 @@ struct GetOptions {
 // touches it (DESIGN.md R1, R2). Either way an event is recorded on the
 // caller's stream, and the call returns once the node has moved the bytes.
 enum class AttachReadiness : uint8_t {
-  // The node's stream waits for the event on the GPU (an interprocess
-  // event); neither CPU waits for the caller's GPU work.
-  kGpuEvent = 1,
   // The calling thread waits for the event, then sends, and the node's copy
-  // waits for nothing. Neither form won every size on the H200 (docs/store.md).
+  // waits for nothing. The default: the call returns only once the node has
+  // the bytes either way, and on the H200 this form was the faster one
+  // (docs/store.md).
   kSynchronize = 0,
+  // The node's stream waits for the event on the GPU (an interprocess
+  // event); neither CPU waits for the caller's GPU work before sending.
+  kGpuEvent = 1,
 };
 
 struct StoreOptions {
@@ -110,7 +112,7 @@ struct StoreOptions {
   // Attached only: bytes of the staging area shared with the node, which bounds
   // the values a Put/Get of memory outside AllocateBuffer can move at once.
   uint64_t attach_staging = 64ull << 20;
-  AttachReadiness attach_readiness = AttachReadiness::kGpuEvent;
+  AttachReadiness attach_readiness = AttachReadiness::kSynchronize;
 };
 
 // A caller's buffer for PutFrom/GetInto.
@@ -147,7 +149,7 @@ struct StoreStats {
   uint64_t capacity = 0;  // bytes contributed by mounted nodes
   uint64_t used = 0;      // bytes allocated to objects (complete or being written)
   uint64_t nodes = 0;
-  uint64_t objects = 0;   // complete or being written
+  uint64_t objects = 0;  // complete or being written
 };
 
 class Store {

@@ -4,10 +4,13 @@
 - no_stall: put_tensor of a ready 4 KiB CUDA tensor while a 1 s kernel runs on
   an unrelated non-blocking stream, attached and embedded (wall time of the call).
 - overhead: put_tensor p50/p95 at 4 KiB and 16 MiB, attached, with each readiness
-  form ("sync", "event") and with it skipped (FERRY_TEST_ATTACH_SKIP_READINESS=1,
-  in a process of its own).
+  form ("sync", "event") and with it skipped (FERRY_TEST_ATTACH_SKIP_READINESS=1),
+  the three alternating call by call in one process, so that drift hits all alike.
 - bandwidth: put_tensor and get_tensor_into of 64 MiB attached, against pinned
-  device-to-host and host-to-device copies of the same bytes in the same run.
+  device-to-host and host-to-device copies of the same bytes, alternating.
+
+Every measurement runs in 3 rounds, each in a fresh process; the file holds
+each round and the median over rounds.
 
     python3 python/bench/bench_store_gpu.py [--ferry build/ferry] [--out FILE]
 """
@@ -58,16 +61,26 @@ def child(args) -> dict:
         out["kernel_still_running"] = not other.query()
         torch.cuda.synchronize()
     elif args.what == "overhead":
+        stores = {"sync": store,
+                  "event": ferry.Store.attach(args.socket, staging=256 << 20, readiness="event")}
+        forms = ("sync", "event", "skipped")
         for size in (4096, 16 << 20):
             t = torch.ones(size, dtype=torch.uint8, device="cuda")
             torch.cuda.synchronize()
-            ms = []
-            for i in range(200 if size == 4096 else 30):
+            ms = {f: [] for f in forms}
+            for i in range(600 if size == 4096 else 60):
+                form = forms[i % 3]
+                if form == "skipped":
+                    os.environ["FERRY_TEST_ATTACH_SKIP_READINESS"] = "1"
+                s = stores.get(form, store)
                 t0 = time.perf_counter()
-                store.put_tensor(f"oh-{size}-{i}", t)
-                ms.append((time.perf_counter() - t0) * 1e3)
-                store.remove(f"oh-{size}-{i}", force=True)
-            out[str(size)] = {"p50_ms": pct(ms, 0.5), "p95_ms": pct(ms, 0.95)}
+                s.put_tensor(f"oh-{size}-{i}", t)
+                ms[form].append((time.perf_counter() - t0) * 1e3)
+                os.environ.pop("FERRY_TEST_ATTACH_SKIP_READINESS", None)
+                s.remove(f"oh-{size}-{i}", force=True)
+            out[str(size)] = {f: {"p50_ms": pct(v, 0.5), "p95_ms": pct(v, 0.95)}
+                              for f, v in ms.items()}
+        stores["event"].close()
     elif args.what == "bandwidth":
         n = 64 << 20
         t = torch.ones(n, dtype=torch.uint8, device="cuda")
@@ -75,7 +88,7 @@ def child(args) -> dict:
         host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
         torch.cuda.synchronize()
         put, get, d2h, h2d = [], [], [], []
-        for i in range(5):
+        for i in range(9):
             t0 = time.perf_counter()
             store.put_tensor(f"bw-{i}", t)
             put.append(n / (time.perf_counter() - t0) / 1e9)
@@ -93,11 +106,28 @@ def child(args) -> dict:
             torch.cuda.current_stream().synchronize()
             h2d.append(n / (time.perf_counter() - t0) / 1e9)
         med = statistics.median
+        put, get, d2h, h2d = put[1:], get[1:], d2h[1:], h2d[1:]  # the first warms up
         out = {"put_gbps": med(put), "get_gbps": med(get), "pinned_d2h_gbps": med(d2h),
                "pinned_h2d_gbps": med(h2d), "put_vs_d2h": med(put) / med(d2h),
                "get_vs_h2d": med(get) / med(h2d), "correct": bool(torch.equal(back, t))}
     store.close()
     return out
+
+
+def median_of(rounds: dict) -> dict:
+    """Each number's median over the rounds that have it, nested as they are."""
+    def merge(items: list):
+        items = [x for x in items if not (isinstance(x, dict) and "error" in x)]
+        if not items:
+            return None
+        if isinstance(items[0], dict):
+            return {k: merge([x[k] for x in items if k in x]) for k in items[0]}
+        if isinstance(items[0], bool):
+            return all(items)
+        if isinstance(items[0], list):
+            return statistics.median(v for x in items for v in x)
+        return statistics.median(items)
+    return {k: merge(v) for k, v in rounds.items()}
 
 
 def main() -> int:
@@ -109,7 +139,7 @@ def main() -> int:
     p.add_argument("--socket", help=argparse.SUPPRESS)
     p.add_argument("--master", help=argparse.SUPPRESS)
     p.add_argument("--embedded", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--readiness", default="event", help=argparse.SUPPRESS)
+    p.add_argument("--readiness", default="sync", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         print(json.dumps(child(args)), flush=True)
@@ -125,13 +155,15 @@ def main() -> int:
                 return {"error": out.stderr[-2000:]}
             return json.loads(out.stdout.strip().splitlines()[-1])
 
-        result["no_stall_attached"] = run("no_stall")
-        result["no_stall_embedded"] = run("no_stall", "--embedded")
-        # Both readiness forms, and none (test-only), at 4 KiB and 16 MiB.
-        result["overhead_event"] = run("overhead")
-        result["overhead_sync"] = run("overhead", "--readiness", "sync")
-        result["overhead_skipped"] = run("overhead", env={"FERRY_TEST_ATTACH_SKIP_READINESS": "1"})
-        result["bandwidth_attached"] = run("bandwidth")
+        rounds: dict = {"no_stall_attached": [], "no_stall_embedded": [], "overhead": [],
+                        "bandwidth_attached": []}
+        for _ in range(3):
+            rounds["no_stall_attached"].append(run("no_stall"))
+            rounds["no_stall_embedded"].append(run("no_stall", "--embedded"))
+            rounds["overhead"].append(run("overhead"))
+            rounds["bandwidth_attached"].append(run("bandwidth"))
+        result["rounds"] = rounds
+        result["median"] = median_of(rounds)
     line = json.dumps(result)
     print(line)
     if args.out:

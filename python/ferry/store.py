@@ -106,12 +106,13 @@ class Store:
 
     @classmethod
     def attach(cls, path: str, *, timeout: float = 5.0, staging: int = 64 << 20,
-               readiness: str = "event") -> "Store":
+               readiness: str = "sync") -> "Store":
         """Attaches to the `ferry node --socket PATH` of this host: no engine and
         no port here. `timeout` bounds each call; `staging` is the area shared
         with the node for memory outside allocate_buffer. `readiness`, for CUDA
-        memory: "event" (the node's stream waits for the stream's earlier work
-        on the GPU; no CPU waits) or "sync" (this thread waits, then sends)."""
+        memory: "sync" (this thread waits for the stream's earlier work, then
+        sends; the default, and the faster) or "event" (the node's stream waits
+        for it on the GPU; no CPU waits before sending)."""
         if staging <= 0:
             raise InvalidArgument(f"staging must be positive, got {staging}")
         if readiness not in ("sync", "event"):

@@ -66,7 +66,7 @@ ferry::PutOptions ToPutOptions(uint32_t replicas, std::string preferred, int pin
                                int64_t pin_ttl_ms, uint64_t stream = 0) {
   ferry::PutOptions o;
   o.stream = Ptr(stream);  // a cudaStream_t for registered GPU memory; 0: legacy default
-  o.replicas = replicas;  // 0: the Store's default
+  o.replicas = replicas;   // 0: the Store's default
   o.preferred_segment = std::move(preferred);
   o.pin = ToPin(pin);
   o.pin_ttl = Millis(pin_ttl_ms);
@@ -85,17 +85,18 @@ std::vector<ferry::StoreBuffer> ToBuffers(const std::vector<Range>& in) {
   return out;
 }
 
-std::vector<std::vector<ferry::StoreBuffer>> ToBufferLists(const std::vector<std::vector<Range>>& in) {
-  std::vector<std::vector<ferry::StoreBuffer>> out;
+std::vector<std::vector<ferry::StoreBuffer> > ToBufferLists(
+    const std::vector<std::vector<Range> >& in) {
+  std::vector<std::vector<ferry::StoreBuffer> > out;
   out.reserve(in.size());
   for (const auto& l : in) out.push_back(ToBuffers(l));
   return out;
 }
 
 // (code, message, bytes written) per key.
-std::vector<std::tuple<int, std::string, uint64_t>> SizeTuples(
-    const std::vector<ferry::Result<size_t>>& got) {
-  std::vector<std::tuple<int, std::string, uint64_t>> out;
+std::vector<std::tuple<int, std::string, uint64_t> > SizeTuples(
+    const std::vector<ferry::Result<size_t> >& got) {
+  std::vector<std::tuple<int, std::string, uint64_t> > out;
   out.reserve(got.size());
   for (const auto& r : got) {
     const auto [code, text] = ToTuple(r.status());
@@ -187,7 +188,7 @@ py::bytes ToBytes(const std::vector<uint8_t>& v) {
 void RegisterStore(py::module_& m) {
   // Memory from allocate_buffer: the mapping lives as long as this object (the
   // shared_ptr) and every memoryview of it.
-  py::class_<ferry::StoreMemory, std::shared_ptr<ferry::StoreMemory>>(m, "Memory",
+  py::class_<ferry::StoreMemory, std::shared_ptr<ferry::StoreMemory> >(m, "Memory",
                                                                        py::buffer_protocol())
       .def_buffer([](ferry::StoreMemory& mem) {
         return py::buffer_info(mem.data(), 1, "B", 1, {static_cast<py::ssize_t>(mem.size())}, {1},
@@ -205,7 +206,7 @@ void RegisterStore(py::module_& m) {
                   py::arg("lease_ms") = 0, py::arg("put_timeout_ms") = 0,
                   py::arg("node_ttl_ms") = 0)
       .def_static("attach", &AttachStore, py::arg("path"), py::arg("rpc_timeout_ms") = 0,
-                  py::arg("staging_bytes") = 0, py::arg("readiness") = 1)
+                  py::arg("staging_bytes") = 0, py::arg("readiness") = 0)
       .def("close", &PyStore::Close)
       .def_property_readonly("segment", [](const PyStore& s) { return s.Get().segment(); })
       .def_property_readonly("master_address",
@@ -312,7 +313,7 @@ void RegisterStore(py::module_& m) {
             CheckSameLength(keys, values);
             const ferry::PutOptions o =
                 ToPutOptions(replicas, std::move(preferred), pin, pin_ttl_ms);
-            std::vector<std::span<const uint8_t>> spans;
+            std::vector<std::span<const uint8_t> > spans;
             spans.reserve(values.size());
             for (const auto& [addr, len] : values) {
               spans.emplace_back(static_cast<const uint8_t*>(Ptr(addr)), len);
@@ -369,7 +370,7 @@ void RegisterStore(py::module_& m) {
       // registered memory.
       .def(
           "batch_put_parts",
-          [](PyStore& s, const Keys& keys, const std::vector<std::vector<Range>>& parts,
+          [](PyStore& s, const Keys& keys, const std::vector<std::vector<Range> >& parts,
              uint32_t replicas, std::string preferred, int pin, int64_t pin_ttl_ms,
              uint64_t stream) {
             CheckSameLength(keys, parts);
@@ -383,7 +384,7 @@ void RegisterStore(py::module_& m) {
           py::arg("pin") = 0, py::arg("pin_ttl_ms") = 0, py::arg("stream") = 0)
       .def(
           "batch_put_from_multi",
-          [](PyStore& s, const Keys& keys, const std::vector<std::vector<Range>>& buffers,
+          [](PyStore& s, const Keys& keys, const std::vector<std::vector<Range> >& buffers,
              uint32_t replicas, std::string preferred, int pin, int64_t pin_ttl_ms,
              uint64_t stream) {
             CheckSameLength(keys, buffers);
@@ -397,7 +398,7 @@ void RegisterStore(py::module_& m) {
           py::arg("pin") = 0, py::arg("pin_ttl_ms") = 0, py::arg("stream") = 0)
       .def(
           "batch_get_into_multi",
-          [](PyStore& s, const Keys& keys, const std::vector<std::vector<Range>>& buffers,
+          [](PyStore& s, const Keys& keys, const std::vector<std::vector<Range> >& buffers,
              uint64_t stream, py::bytes expect) {
             CheckSameLength(keys, buffers);
             const auto lists = ToBufferLists(buffers);
@@ -410,7 +411,7 @@ void RegisterStore(py::module_& m) {
           py::arg("expect") = py::bytes())
       .def(
           "batch_get_into_parts",
-          [](PyStore& s, const Keys& keys, const std::vector<std::vector<Range>>& parts,
+          [](PyStore& s, const Keys& keys, const std::vector<std::vector<Range> >& parts,
              uint64_t stream, py::bytes expect) {
             CheckSameLength(keys, parts);
             const auto lists = ToBufferLists(parts);
@@ -419,8 +420,7 @@ void RegisterStore(py::module_& m) {
             return SizeTuples(
                 s.Call([&](ferry::Store& st) { return st.BatchGetIntoParts(keys, lists, o); }));
           },
-          py::arg("keys"), py::arg("parts"), py::arg("stream") = 0,
-          py::arg("expect") = py::bytes())
+          py::arg("keys"), py::arg("parts"), py::arg("stream") = 0, py::arg("expect") = py::bytes())
       .def(
           "batch_exists",
           [](PyStore& s, const Keys& keys) {

@@ -60,7 +60,7 @@ def object_sha(t_cpu) -> str:
 def main() -> int:
     target, mode, kind, trials, tag = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), \
         sys.argv[5]
-    readiness = os.environ.get("FERRY_WRITER_READINESS", "event")
+    readiness = os.environ.get("FERRY_WRITER_READINESS", "sync")
     store = (ferry.Store(master=target[len("master="):], local_memory=0)
              if target.startswith("master=") else ferry.Store.attach(target, readiness=readiness))
     current = stream_of(kind)

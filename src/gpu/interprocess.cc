@@ -24,9 +24,9 @@ Result<std::unique_ptr<IpcEvent>> IpcEvent::Create(int device) {
   }
   DeviceGuard guard(device);
   cudaEvent_t ev = nullptr;
-  FERRY_RETURN_IF_ERROR(Cuda(
-      cudaEventCreateWithFlags(&ev, cudaEventDisableTiming | cudaEventInterprocess),
-      "cudaEventCreateWithFlags"));
+  FERRY_RETURN_IF_ERROR(
+      Cuda(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming | cudaEventInterprocess),
+           "cudaEventCreateWithFlags"));
   cudaIpcEventHandle_t h;
   if (Status st = Cuda(cudaIpcGetEventHandle(&h, ev), "cudaIpcGetEventHandle"); !st.ok()) {
     cudaEventDestroy(ev);
@@ -78,9 +78,9 @@ Status IpcStream::WaitPeerEvent(const std::string& handle) {
     opened_ = ev;
     opened_handle_ = handle;
   }
-  return Cuda(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_),
-                                  static_cast<cudaEvent_t>(opened_), 0),
-              "cudaStreamWaitEvent");
+  return Cuda(
+      cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_), static_cast<cudaEvent_t>(opened_), 0),
+      "cudaStreamWaitEvent");
 }
 
 Result<int> StreamDevice(void* stream) {
@@ -101,11 +101,19 @@ Result<bool> StreamCapturing(void* stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
+Status CopyOnStream(void* dst, const void* src, size_t length, void* stream) {
+  return Cuda(
+      cudaMemcpyAsync(dst, src, length, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)),
+      "cudaMemcpyAsync");
+}
+
+Status WaitStream(void* stream) {
+  return Cuda(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
+}
+
 Status CopyOnStreamAndWait(void* dst, const void* src, size_t length, void* stream) {
-  auto s = static_cast<cudaStream_t>(stream);
-  FERRY_RETURN_IF_ERROR(
-      Cuda(cudaMemcpyAsync(dst, src, length, cudaMemcpyDefault, s), "cudaMemcpyAsync"));
-  return Cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+  FERRY_RETURN_IF_ERROR(CopyOnStream(dst, src, length, stream));
+  return WaitStream(stream);
 }
 
 }  // namespace ferry::gpu
@@ -127,6 +135,8 @@ IpcStream::~IpcStream() = default;
 Status IpcStream::WaitPeerEvent(const std::string&) { return NoCuda(); }
 Result<int> StreamDevice(void*) { return NoCuda(); }
 Result<bool> StreamCapturing(void*) { return NoCuda(); }
+Status CopyOnStream(void*, const void*, size_t, void*) { return NoCuda(); }
+Status WaitStream(void*) { return NoCuda(); }
 Status CopyOnStreamAndWait(void*, const void*, size_t, void*) { return NoCuda(); }
 
 }  // namespace ferry::gpu

@@ -71,9 +71,13 @@ Result<int> StreamDevice(void* stream);
 // that must really run then is refused, never silently captured).
 Result<bool> StreamCapturing(void* stream);
 
-// Copies between host and device memory on `stream`, after the work already
-// on it, and waits for the copy on the CPU. The fallback for GPU memory that
-// cannot be shared by IPC.
+// Enqueues a copy between host and device memory on `stream`, after the
+// work already on it; returns at once.
+Status CopyOnStream(void* dst, const void* src, size_t length, void* stream);
+// Waits on the CPU until the work enqueued on `stream` so far has finished.
+Status WaitStream(void* stream);
+// CopyOnStream, then WaitStream. The fallback for GPU memory that cannot be
+// shared by IPC.
 Status CopyOnStreamAndWait(void* dst, const void* src, size_t length, void* stream);
 
 }  // namespace ferry::gpu

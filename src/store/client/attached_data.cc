@@ -11,7 +11,6 @@
 namespace ferry::store::attached {
 namespace {
 
-
 // Classifies `parts` into `plan`; InvalidArgument for GPU memory on two
 // devices, or on another device than `stream`'s.
 Status PlanGpu(std::span<const Part* const> parts, void* stream, GpuPlan* plan) {
@@ -55,12 +54,10 @@ Status PlanGpu(std::span<const Part* const> parts, void* stream, GpuPlan* plan) 
 
 // Test-only: FERRY_TEST_ATTACH_SKIP_READINESS=1 sends GPU memory without the
 // readiness event, so the tests can show that their check catches stale reads.
+// Read on every call, so that a benchmark can alternate with and without it.
 bool SkipReadiness() {
-  static const bool skip = [] {
-    const char* v = std::getenv("FERRY_TEST_ATTACH_SKIP_READINESS");
-    return v != nullptr && std::string_view(v) == "1";
-  }();
-  return skip;
+  const char* v = std::getenv("FERRY_TEST_ATTACH_SKIP_READINESS");
+  return v != nullptr && std::string_view(v) == "1";
 }
 
 // Why a value cannot go through staging, and what to do instead.
@@ -162,7 +159,8 @@ std::vector<Status> AttachedStore::Put(std::span<const std::string> keys,
       for (const WireRef& ref : refs[k]) WriteRef(w, ref);
     }
     auto f = Call(Type::kPut, p);
-    ByteReader r(f.ok() ? f.value().payload.data() : nullptr, f.ok() ? f.value().payload.size() : 0);
+    ByteReader r(f.ok() ? f.value().payload.data() : nullptr,
+                 f.ok() ? f.value().payload.size() : 0);
     const bool counted = f.ok() && r.U32() == batch.size();
     for (size_t i : batch) out[i] = !f.ok() ? f.status() : counted ? ReadStatus(r) : Status();
     if (f.ok() && (!counted || !r.ok())) {
@@ -184,8 +182,8 @@ std::vector<Status> AttachedStore::Put(std::span<const std::string> keys,
     // others through staging.
     uint64_t staged = 0;
     for (const Part& part : parts) {
-      const bool by_ref = plan.exported.count(part.data) ? !plan.fallback
-                                                          : shared(part) != registered_.end();
+      const bool by_ref =
+          plan.exported.count(part.data) ? !plan.fallback : shared(part) != registered_.end();
       if (!by_ref) staged += part.size;
     }
     if (staged > cap) {
@@ -196,13 +194,17 @@ std::vector<Status> AttachedStore::Put(std::span<const std::string> keys,
     std::vector<WireRef> item;
     for (const Part& part : parts) {
       if (auto e = plan.exported.find(part.data); e != plan.exported.end() && !plan.fallback) {
-        item.push_back({attach::kPartGpu, 0, plan.device, e->second.first, e->second.second,
-                        part.size});
+        item.push_back(
+            {attach::kPartGpu, 0, plan.device, e->second.first, e->second.second, part.size});
         continue;
       }
       if (auto range = shared(part); range != registered_.end()) {
-        item.push_back({attach::kPartBuffer, range->second.id, -1, {},
-                        reinterpret_cast<uint64_t>(part.data) - range->first, part.size});
+        item.push_back({attach::kPartBuffer,
+                        range->second.id,
+                        -1,
+                        {},
+                        reinterpret_cast<uint64_t>(part.data) - range->first,
+                        part.size});
         continue;
       }
       if (plan.gpu.count(part.data)) {
@@ -271,11 +273,15 @@ std::vector<Result<size_t>> AttachedStore::Get(std::span<const std::string> keys
       const Part& part = sinks[i].parts[k];
       auto range = Containing(registered_, part.data, part.size);
       if (auto e = plan.exported.find(part.data); e != plan.exported.end() && !plan.fallback) {
-        direct[i].push_back({attach::kPartGpu, 0, plan.device, e->second.first, e->second.second,
-                             part.size});
+        direct[i].push_back(
+            {attach::kPartGpu, 0, plan.device, e->second.first, e->second.second, part.size});
       } else if (range != registered_.end() && range->second.mem != nullptr) {
-        direct[i].push_back({attach::kPartBuffer, range->second.id, -1, {},
-                             reinterpret_cast<uint64_t>(part.data) - range->first, part.size});
+        direct[i].push_back({attach::kPartBuffer,
+                             range->second.id,
+                             -1,
+                             {},
+                             reinterpret_cast<uint64_t>(part.data) - range->first,
+                             part.size});
       } else {
         by_ref = false;
       }
@@ -362,8 +368,8 @@ std::vector<Result<size_t>> AttachedStore::Get(std::span<const std::string> keys
         for (const Part& part : sink.parts) {
           const uint64_t len = std::min<uint64_t>(part.size, size - done);
           if (len > 0 && plan.gpu.count(part.data)) {
-            Status c = gpu::CopyOnStreamAndWait(part.data, staging + off + done, len,
-                                                options.stream);
+            Status c =
+                gpu::CopyOnStreamAndWait(part.data, staging + off + done, len, options.stream);
             if (!c.ok()) st[i] = c;
           } else if (len > 0) {
             std::memcpy(part.data, staging + off + done, len);

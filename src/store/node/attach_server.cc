@@ -64,7 +64,8 @@ Result<uint8_t*> MapClientMemfd(int fd, uint64_t size) {
 
 void PutStatus(ByteWriter& w, const Status& st) {
   w.U8(static_cast<uint8_t>(st.code()));
-  w.Str(st.ok() ? std::string_view() : std::string_view(st.message()).substr(0, attach::kMaxMessage));
+  w.Str(st.ok() ? std::string_view()
+                : std::string_view(st.message()).substr(0, attach::kMaxMessage));
 }
 
 // One attached client: its buffers and its requests, served in order.
@@ -111,7 +112,7 @@ class Session {
     int device;
     uint64_t size;
   };
-  std::map<std::string, Imported> imports_;  // by IPC handle
+  std::map<std::string, Imported> imports_;                 // by IPC handle
   std::map<int, std::unique_ptr<gpu::IpcStream>> streams_;  // by device
 
  public:
@@ -262,8 +263,8 @@ void Session::Run(bool admitted, const std::string& refusal) {
     if (req.code == StatusCode::kOk) st = Handle(req, &reply);
     if (req.fd >= 0) close(req.fd);  // a Register has taken its own copy
     if (!st.ok()) reply = attach::MessagePayload(st);
-    Status sent = attach::Send(fd_, req.type, req.id, 0, st.code(), reply,
-                               Deadline::After(o_.frame_timeout));
+    Status sent =
+        attach::Send(fd_, req.type, req.id, 0, st.code(), reply, Deadline::After(o_.frame_timeout));
     if (st.code() == StatusCode::kProtocolError) {
       FERRY_LOG_WARN("attach {}: closing a client: {}", o_.path, st.ToString());
       return;
@@ -367,7 +368,7 @@ Status Session::Put(ByteReader& r, ByteWriter& w) {
     if (pre[i].code() == StatusCode::kProtocolError) return pre[i];
   }
   if (!r.ok() || r.Left() != 0) return Status::ProtocolError("malformed Put");
-  auto out = core_.Put(keys, src, po, std::move(pre));
+  auto out = core_.Put(keys, src, po, std::move(pre), /*own_stream=*/true);
   w.U32(n);
   for (const Status& st : out) PutStatus(w, st);
   return Status::Ok();
@@ -405,7 +406,7 @@ Status Session::Get(ByteReader& r, ByteWriter& w) {
     if (!bad[i].ok()) sinks[i] = Sink{};
   }
   if (!r.ok() || r.Left() != 0) return Status::ProtocolError("malformed Get");
-  auto out = core_.Get(keys, sinks, stream, expect);
+  auto out = core_.Get(keys, sinks, stream, expect, /*own_stream=*/true);
   w.U32(n);
   for (uint32_t i = 0; i < n; ++i) {
     PutStatus(w, bad[i].ok() ? out[i].status() : bad[i]);

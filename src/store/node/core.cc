@@ -6,6 +6,7 @@
 #include "common/log.h"
 #include "common/thread_name.h"
 #include "gpu/gpu.h"
+#include "gpu/interprocess.h"
 #include "store/node/node.h"
 #include "store/rpc/limits.h"
 
@@ -208,20 +209,37 @@ bool StoreCore::Registered(std::span<const Part> parts) {
   return true;
 }
 
-bool StoreCore::AnyGpu(std::span<const LocalCopy> copies, Op op) {
+bool StoreCore::IsGpu(const uint8_t* mine, size_t length) {
   std::lock_guard lock(buf_mu_);
+  const Range* r = Find(mine, length);
+  // Unregistered memory is classified here: a client's GPU memory that this
+  // node imported, say.
+  return r != nullptr ? r->gpu : gpu::Classify(mine).kind == gpu::MemoryKind::kDevice;
+}
+
+bool StoreCore::AnyGpu(std::span<const LocalCopy> copies, Op op) {
   for (const LocalCopy& c : copies) {
-    const uint8_t* mine = op == Op::kWrite ? c.src : c.dst;
-    const Range* r = Find(mine, c.length);
-    // Unregistered memory is classified here: a client's GPU memory that
-    // this node imported, say.
-    if (r != nullptr ? r->gpu : gpu::Classify(mine).kind == gpu::MemoryKind::kDevice) return true;
+    if (IsGpu(op == Op::kWrite ? c.src : c.dst, c.length)) return true;
   }
   return false;
 }
 
-void StoreCore::CopyLocal(std::span<const LocalCopy> copies, Op op, std::vector<Request>* reqs,
-                          std::vector<size_t>* owner) {
+Status StoreCore::CopyLocal(std::span<const LocalCopy> copies, Op op, void* own,
+                            std::vector<Request>* reqs, std::vector<size_t>* owner) {
+  if (own != nullptr && AnyGpu(copies, op)) {
+    // The stream already waits for the client's work on the GPU, and is
+    // nobody else's: one DMA per piece, one wait for all, no thread hop.
+    Status st;
+    for (const LocalCopy& c : copies) {
+      if (!IsGpu(op == Op::kWrite ? c.src : c.dst, c.length)) {
+        std::memcpy(c.dst, c.src, c.length);
+      } else if (st.ok()) {
+        st = gpu::CopyOnStream(c.dst, c.src, c.length, own);
+      }
+    }
+    Status waited = gpu::WaitStream(own);  // even after a failure: nothing may still touch them
+    return st.ok() ? waited : st;
+  }
   uint64_t bytes = 0;
   for (const LocalCopy& c : copies) bytes += c.length;
   // GPU memory is the engine's to copy (R1-R3), whatever the size.
@@ -238,6 +256,7 @@ void StoreCore::CopyLocal(std::span<const LocalCopy> copies, Op op, std::vector<
     reqs->push_back({op, mine, self.value(), reinterpret_cast<uint64_t>(node), c.length});
     owner->push_back(c.owner);
   }
+  return Status::Ok();
 }
 
 bool StoreCore::Local(const StoreExtent& e) const {
@@ -246,7 +265,7 @@ bool StoreCore::Local(const StoreExtent& e) const {
 
 std::vector<Status> StoreCore::Put(std::span<const std::string> keys,
                                    std::span<const Source> values, const PutOptions& po,
-                                   std::vector<Status> out) {
+                                   std::vector<Status> out, bool own_stream) {
   out.resize(keys.size());
   if (values.size() != keys.size()) {
     out.assign(keys.size(), Status::InvalidArgument("keys and values differ in count"));
@@ -304,7 +323,12 @@ std::vector<Status> StoreCore::Put(std::span<const std::string> keys,
       });
     }
   }
-  CopyLocal(local, Op::kWrite, &reqs, &owner);
+  if (Status direct = CopyLocal(local, Op::kWrite, own_stream ? po.stream : nullptr, &reqs, &owner);
+      !direct.ok()) {
+    for (const LocalCopy& c : local) {
+      if (out[index[c.owner]].ok()) out[index[c.owner]] = direct;
+    }
+  }
   std::vector<Status> moved;
   RunBatch(engine_, reqs, Deadline(end), po.stream, &moved);
   for (size_t r = 0; r < reqs.size(); ++r) {
@@ -351,7 +375,7 @@ Status StoreCore::ReadPrefix(const StoreReplica& rep, size_t n, Deadline deadlin
 }
 
 std::vector<Result<size_t>> StoreCore::Get(std::span<const std::string> keys, std::span<Sink> sinks,
-                                           void* stream, std::string_view expect) {
+                                           void* stream, std::string_view expect, bool own_stream) {
   std::vector<Status> st;
   const auto [ask, index] = CheckKeys(keys, &st);
   std::vector<uint64_t> sizes(keys.size(), 0);
@@ -454,7 +478,12 @@ std::vector<Result<size_t>> StoreCore::Get(std::span<const std::string> keys, st
         }
       });
     }
-    CopyLocal(local, Op::kRead, &reqs, &owner);
+    if (Status direct = CopyLocal(local, Op::kRead, own_stream ? stream : nullptr, &reqs, &owner);
+        !direct.ok()) {
+      for (const LocalCopy& c : local) {
+        if (item[c.owner].ok()) item[c.owner] = direct;
+      }
+    }
     std::vector<Status> moved;
     RunBatch(engine_, reqs, deadline, stream, &moved);
     for (size_t r = 0; r < reqs.size(); ++r) {

@@ -11,8 +11,8 @@
 #include <map>
 #include <mutex>
 #include <span>
-#include <string_view>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -60,8 +60,8 @@ struct Sink {
 };
 
 struct CoreOptions {
-  uint32_t replicas = 1;     // when PutOptions::replicas is 0
-  bool prefer_local = true;  // first copy in `node` when it fits
+  uint32_t replicas = 1;                    // when PutOptions::replicas is 0
+  bool prefer_local = true;                 // first copy in `node` when it fits
   std::chrono::milliseconds read_delay{0};  // fault injection: lookup-to-read pause
 };
 
@@ -78,15 +78,22 @@ class StoreCore {
   // those are skipped. Sources need not be registered: host memory is copied
   // by memcpy into local replicas, and by the engine to remote ones; GPU
   // memory only by the engine, after the work enqueued on options.stream (R1).
+  // With `own_stream`, options.stream is instead a private stream of the
+  // caller's that already waits for the producer (an attach session's):
+  // copies between GPU memory and this node's memory are enqueued on it and
+  // waited for directly, with no hand-off to the engine's threads.
   std::vector<Status> Put(std::span<const std::string> keys, std::span<const Source> values,
-                          const PutOptions& options, std::vector<Status> pre = {});
+                          const PutOptions& options, std::vector<Status> pre = {},
+                          bool own_stream = false);
   // Sizes of the values read into `sinks` (one per key).
   // GPU memory among the sinks is written after the work enqueued on
   // `stream` (R2), and has arrived when Get returns.
   // With `expect`, a value that does not begin with those bytes fails
   // (InvalidArgument) before any byte reaches its sink.
+  // `own_stream`: as for Put.
   std::vector<Result<size_t>> Get(std::span<const std::string> keys, std::span<Sink> sinks,
-                                  void* stream = nullptr, std::string_view expect = {});
+                                  void* stream = nullptr, std::string_view expect = {},
+                                  bool own_stream = false);
   std::vector<Status> Exists(std::span<const std::string> keys);
   std::vector<Status> Remove(std::span<const std::string> keys, bool force);
   std::vector<Status> Pin(std::span<const std::string> keys, StorePin pin,
@@ -113,9 +120,14 @@ class StoreCore {
   Status ReadPrefix(const StoreReplica& rep, size_t n, Deadline deadline, std::string* out);
   // Copies to and from `node_`'s memory: inline, or (large) as requests on
   // the engine's own segment appended to `reqs`, each owned by its item.
-  void CopyLocal(std::span<const LocalCopy> copies, Op op, std::vector<Request>* reqs,
-                 std::vector<size_t>* owner);
-  // Whether any of `copies`' own-side memory is registered GPU memory.
+  // With `own` (a private stream, see Put), the GPU ones are enqueued on it
+  // and waited for; the status returned is theirs, for every copy's owner.
+  Status CopyLocal(std::span<const LocalCopy> copies, Op op, void* own, std::vector<Request>* reqs,
+                   std::vector<size_t>* owner);
+  // Whether `mine`, the own side of a copy, is GPU memory: registered as
+  // such, or a client's that this node imported.
+  bool IsGpu(const uint8_t* mine, size_t length);
+  // Whether any of `copies`' own-side memory is GPU memory.
   bool AnyGpu(std::span<const LocalCopy> copies, Op op);
   void QueueReleases(std::vector<std::pair<std::string, uint64_t>> leases);
   void FlushReleases();
@@ -133,7 +145,7 @@ class StoreCore {
     uint64_t size = 0;
     bool gpu = false;
   };
-  std::map<uint64_t, Range> buffers_;  // registered ranges; guarded by buf_mu_
+  std::map<uint64_t, Range> buffers_;                // registered ranges; guarded by buf_mu_
   const Range* Find(const void* p, size_t n) const;  // requires buf_mu_
 
   // Leases of finished gets are ended by a background thread, off the get's
@@ -141,7 +153,7 @@ class StoreCore {
   std::mutex rel_mu_;
   std::condition_variable rel_cv_;
   std::vector<std::pair<std::string, uint64_t>> rel_queue_;  // guarded by rel_mu_
-  bool rel_stop_ = false;                                     // guarded by rel_mu_
+  bool rel_stop_ = false;                                    // guarded by rel_mu_
   std::mutex rel_send_mu_;  // held while sending, so a flush waits for a send in flight
   std::thread rel_thread_;
 };
