@@ -11,7 +11,7 @@
 #include <memory>
 #include <string>
 
-#include "transfer/tcp/wire.h"
+#include "transfer/frame_wire.h"
 
 namespace ferry {
 

@@ -8,7 +8,7 @@
 
 #include "common/log.h"
 #include "transfer/frame_service.h"
-#include "transfer/tcp/wire.h"
+#include "transfer/frame_wire.h"
 
 namespace ferry {
 

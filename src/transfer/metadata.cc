@@ -3,7 +3,7 @@
 #include <asio.hpp>
 #include <charconv>
 
-#include "transfer/tcp/wire.h"
+#include "transfer/frame_wire.h"
 
 namespace ferry {
 

@@ -14,7 +14,7 @@
 #include "common/clock.h"
 #include "ferry/engine.h"
 #include "integration/peer.h"
-#include "transfer/tcp/wire.h"
+#include "transfer/frame_wire.h"
 
 namespace ferry {
 namespace {

@@ -16,7 +16,7 @@
 #include "gpu/gpu.h"
 #include "integration/peer.h"
 #include "integration/silent_target.h"
-#include "transfer/tcp/wire.h"
+#include "transfer/frame_wire.h"
 
 namespace ferry {
 namespace {

@@ -14,7 +14,7 @@
 #include "gpu/gpu.h"
 #include "integration/peer.h"
 #include "transfer/descriptor.h"
-#include "transfer/tcp/wire.h"
+#include "transfer/frame_wire.h"
 
 namespace ferry::test {
 

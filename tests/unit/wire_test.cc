@@ -9,7 +9,7 @@
 #endif
 
 #include "common/bytes.h"
-#include "transfer/tcp/wire.h"
+#include "transfer/frame_wire.h"
 
 namespace ferry {
 namespace {

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "transfer/batch.h"
-#include "transfer/tcp/wire.h"
+#include "transfer/frame_wire.h"
 
 namespace ferry {
 

@@ -1,4 +1,4 @@
-#include "transfer/tcp/wire.h"
+#include "transfer/frame_wire.h"
 
 #include <string>
 

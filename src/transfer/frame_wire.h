@@ -1,6 +1,6 @@
-// The frame header of the tcp protocol, which the engine's listener also
-// speaks for the p2p metadata (Hello, GetDescriptor). 32 bytes, little-endian,
-// written field by field:
+// The frame header of the engine's listener: its own p2p metadata (Hello,
+// GetDescriptor) and the frames of transports served on it (tcp's Write and
+// Read). 32 bytes, little-endian, written field by field:
 //
 //   magic u32 | version u8 | opcode u8 | status u8 | reserved u8 (0)
 //   request id u64 | address u64 | length u64
