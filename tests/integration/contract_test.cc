@@ -58,7 +58,8 @@ TEST(EngineContract, CreateRefusesWhatItCannotServe) {
 
 TEST(EngineContract, CreateRefusesAMalformedEnvironmentVariable) {
   for (const char* name :
-       {"FERRY_TCP_LANES", "FERRY_MAX_CONNECTIONS", "FERRY_STAGING_WRITEBACK", "FERRY_LOG_LEVEL"}) {
+       {"FERRY_TCP_LANES", "FERRY_MAX_CONNECTIONS", "FERRY_MAX_CONNECTIONS_PER_SOURCE",
+        "FERRY_STAGING_WRITEBACK", "FERRY_LOG_LEVEL"}) {
     setenv(name, "abc", 1);
     auto e = Engine::Create({});
     unsetenv(name);
