@@ -64,6 +64,19 @@ struct EngineOptions {
   int landing_threads = -1;
   std::chrono::milliseconds request_timeout{30000};  // default deadline of a request
   std::chrono::milliseconds connect_timeout{5000};   // connects and descriptor fetches
+  // A file holding the cluster secret (mode 0600 or stricter; trailing
+  // newlines ignored). Peers of this engine's listener must prove it before
+  // anything is served, and this engine proves it to the peers it opens;
+  // the secret itself never crosses the wire. Empty: env FERRY_AUTH_KEY_FILE;
+  // neither set: no authentication. docs/wire-protocol.md has the handshake.
+  std::string auth_key_file;
+};
+
+// Counts since Engine::Create, for monitoring and tests.
+struct EngineStats {
+  // Peers the listener refused for not proving the cluster secret: none, a
+  // wrong one, a replayed handshake, or a request before the handshake.
+  uint64_t auth_failures = 0;
 };
 
 class BatchState;
@@ -106,8 +119,10 @@ class Engine {
   // Starts the listener and the engine's threads. Unavailable if the address
   // cannot be bound; InvalidArgument for a malformed host, tcp options out of
   // range, a transport that cannot be forced (EngineOptions::transport) or a
-  // malformed FERRY_* environment variable (named in the message);
-  // NotSupported for an unknown metadata mode.
+  // malformed FERRY_* environment variable (named in the message), or a key
+  // file (auth_key_file, FERRY_AUTH_KEY_FILE) that is missing, empty, too
+  // short or readable by group or others; NotSupported for an unknown
+  // metadata mode.
   static Result<std::unique_ptr<Engine>> Create(EngineOptions options);
   ~Engine();
   Engine(const Engine&) = delete;
@@ -116,6 +131,8 @@ class Engine {
   // "host:port": the name peers pass to OpenSegment.
   const std::string& name() const;
   uint64_t epoch() const;
+  // The counters so far. Never blocks.
+  EngineStats Stats() const;
 
   // Exposes [addr, addr+length) to peers. AlreadyExists if it overlaps a
   // registered range, InvalidArgument for null or zero length. The memory stays
@@ -141,7 +158,9 @@ class Engine {
   // Resolves "host:port", fetching and caching the peer's descriptor; blocks up
   // to connect_timeout. InvalidArgument for a malformed name, Unavailable when
   // nobody listens, Timeout when the peer does not answer in time,
-  // ProtocolError for a malformed descriptor or one of another Ferry version.
+  // ProtocolError for a malformed descriptor or one of another Ferry version,
+  // Unauthenticated when the peer and this engine do not hold the same
+  // cluster secret (a request to such a peer fails the same way).
   // The engine's own name gives a local segment. Each call opens a new one.
   Result<SegmentId> OpenSegment(std::string_view name);
   // The cached descriptor, refreshed first if the peer's epoch was seen to

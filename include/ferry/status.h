@@ -29,9 +29,12 @@ enum class StatusCode : uint8_t {
   kIoError = 13,        // a system call failed
   kInternal = 14,
   kBusy = 15,  // e.g. a store object under a read lease; retry later or force
+  // A peer did not prove the cluster secret (FERRY_AUTH_KEY_FILE): it has
+  // none, another one, or replayed an old proof.
+  kUnauthenticated = 16,
 };
 // The highest code; wire decoders refuse anything above it.
-inline constexpr StatusCode kLastStatusCode = StatusCode::kBusy;
+inline constexpr StatusCode kLastStatusCode = StatusCode::kUnauthenticated;
 
 std::string_view StatusCodeName(StatusCode code);
 
@@ -86,6 +89,9 @@ class [[nodiscard]] Status {
     return Status(StatusCode::kInternal, std::move(message));
   }
   static Status Busy(std::string message) { return Status(StatusCode::kBusy, std::move(message)); }
+  static Status Unauthenticated(std::string message) {
+    return Status(StatusCode::kUnauthenticated, std::move(message));
+  }
   // Translates errno `err` where a system call failed; `what` names the call.
   static Status FromErrno(int err, std::string_view what);
 

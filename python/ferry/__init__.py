@@ -21,8 +21,8 @@ from .engine import (READ, WRITE, BatchStatus, BufferInfo, Op, Read, Request, Re
                      Segment, SegmentInfo, Transfer, TransferEngine, Write)
 from .errors import (AlreadyExists, Busy, Cancelled, ConnectionLost, FerryError, Internal,
                      InvalidArgument, IoError, NotFound, NotSupported, OutOfRange,
-                     PeerRestarted, ProtocolError, ResourceExhausted, Timeout, Unavailable,
-                     error_class)
+                     PeerRestarted, ProtocolError, ResourceExhausted, Timeout, Unauthenticated,
+                     Unavailable, error_class)
 from .store import Store
 
 __all__ = [

@@ -169,20 +169,24 @@ class Transfer:
 class TransferEngine:
     """An engine with a listener at `host:port` (0 picks a free port); `name` is
     the segment name peers open. `transport`: None picks the best per peer, "tcp"
-    or "shm" forces one. Timeouts are in seconds; None keeps the C++ defaults."""
+    or "shm" forces one. Timeouts are in seconds; None keeps the C++ defaults.
+    `auth_key_file`: the cluster secret's file (mode 0600); peers must prove it,
+    and this engine proves it to the peers it opens. None: $FERRY_AUTH_KEY_FILE,
+    else no authentication."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *,
                  transport: Optional[str] = None, metadata: str = "p2p",
                  request_timeout: Optional[float] = None,
                  connect_timeout: Optional[float] = None, tcp_lanes: int = 0,
                  tcp_chunk_bytes: int = 0, tcp_chunks_in_flight: int = 0,
-                 io_threads: int = 0, copy_threads: int = 0) -> None:
+                 io_threads: int = 0, copy_threads: int = 0,
+                 auth_key_file: Optional[str] = None) -> None:
         self._engine = _ferry.Engine(
             host=host, port=port, metadata=metadata, transport=transport or "",
             tcp_lanes=tcp_lanes, tcp_chunk_bytes=tcp_chunk_bytes,
             tcp_chunks_in_flight=tcp_chunks_in_flight, io_threads=io_threads,
             copy_threads=copy_threads, request_timeout_ms=_millis(request_timeout),
-            connect_timeout_ms=_millis(connect_timeout))
+            connect_timeout_ms=_millis(connect_timeout), auth_key_file=auth_key_file or "")
         self._registered: dict[int, Buffer] = {}  # keeps registered objects alive
         self._segments: dict[str, Segment] = {}
 
@@ -193,6 +197,11 @@ class TransferEngine:
     @property
     def epoch(self) -> int:
         return self._engine.epoch
+
+    @property
+    def auth_failures(self) -> int:
+        """Peers the listener refused for not proving the cluster secret."""
+        return self._engine.auth_failures
 
     def close(self) -> None:
         """Stops the engine once its last Transfer is freed. Registered objects

@@ -74,11 +74,16 @@ class Busy(FerryError):
     code = 15
 
 
+class Unauthenticated(FerryError, PermissionError):
+    """The peer did not prove the cluster secret (FERRY_AUTH_KEY_FILE)."""
+    code = 16
+
+
 _BY_CODE: dict[int, type[FerryError]] = {
     cls.code: cls
     for cls in (InvalidArgument, NotFound, AlreadyExists, OutOfRange, Timeout, Cancelled,
                 ConnectionLost, ProtocolError, NotSupported, ResourceExhausted, Unavailable,
-                PeerRestarted, IoError, Internal, Busy)
+                PeerRestarted, IoError, Internal, Busy, Unauthenticated)
 }
 
 

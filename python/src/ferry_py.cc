@@ -104,7 +104,8 @@ std::unique_ptr<PyEngine> CreateEngine(const std::string& host, int port,
                                        const std::string& metadata, const std::string& transport,
                                        int tcp_lanes, uint64_t tcp_chunk_bytes,
                                        int tcp_chunks_in_flight, int io_threads, int copy_threads,
-                                       int64_t request_timeout_ms, int64_t connect_timeout_ms) {
+                                       int64_t request_timeout_ms, int64_t connect_timeout_ms,
+                                       const std::string& auth_key_file) {
   if (port < 0 || port > 65535) RaiseInvalid("port must be in [0, 65535]");
   ferry::EngineOptions o;
   o.host = host;
@@ -119,6 +120,7 @@ std::unique_ptr<PyEngine> CreateEngine(const std::string& host, int port,
   if (copy_threads > 0) o.copy_threads = copy_threads;
   if (request_timeout_ms > 0) o.request_timeout = Millis(request_timeout_ms);
   if (connect_timeout_ms > 0) o.connect_timeout = Millis(connect_timeout_ms);
+  o.auth_key_file = auth_key_file;
   auto engine = Take(NoGil([&] { return ferry::Engine::Create(std::move(o)); }));
   return std::make_unique<PyEngine>(std::shared_ptr<ferry::Engine>(std::move(engine)));
 }
@@ -225,9 +227,12 @@ PYBIND11_MODULE(_ferry, m) {
            py::arg("metadata") = "p2p", py::arg("transport") = "", py::arg("tcp_lanes") = 0,
            py::arg("tcp_chunk_bytes") = 0, py::arg("tcp_chunks_in_flight") = 0,
            py::arg("io_threads") = 0, py::arg("copy_threads") = 0,
-           py::arg("request_timeout_ms") = 0, py::arg("connect_timeout_ms") = 0)
+           py::arg("request_timeout_ms") = 0, py::arg("connect_timeout_ms") = 0,
+           py::arg("auth_key_file") = "")
       .def_property_readonly("name", [](const PyEngine& e) { return e.Get().name(); })
       .def_property_readonly("epoch", [](const PyEngine& e) { return e.Get().epoch(); })
+      .def_property_readonly("auth_failures",
+                             [](const PyEngine& e) { return e.Get().Stats().auth_failures; })
       .def("close", &PyEngine::Close)
       .def(
           "register_memory",

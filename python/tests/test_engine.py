@@ -189,16 +189,40 @@ def test_closed_engine_and_handle_raise(spawn_peer):
 
 def test_error_class_per_status_code():
     seen = set()
-    for code in range(1, 16):
+    for code in range(1, 17):
         cls = ferry.error_class(code)
         assert issubclass(cls, ferry.FerryError) and cls.code == code
         assert cls.__name__ == ferry._ferry.status_code_name(code)
         seen.add(cls)
-    assert len(seen) == 15
+    assert len(seen) == 16
     assert ferry.error_class(200) is ferry.FerryError
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="SIGSTOP/SIGCONT of the peer")
+def key_file(tmp_path, name: str, secret: bytes, mode: int = 0o600) -> str:
+    path = tmp_path / name
+    path.write_bytes(secret)
+    path.chmod(mode)
+    return str(path)
+
+
+def test_cluster_secret(tmp_path):
+    key = key_file(tmp_path, "key", b"this cluster's secret: 32 bytes!\n")
+    with ferry.TransferEngine(auth_key_file=key) as target, \
+            ferry.TransferEngine(transport="tcp", auth_key_file=key) as engine:
+        mem = bytearray(4096)
+        addr = target.register(mem)
+        engine.write(engine.open_segment(target.name), b"proved", addr)
+        assert bytes(mem[:6]) == b"proved"
+        with ferry.TransferEngine(transport="tcp") as stranger:
+            with pytest.raises(ferry.Unauthenticated, match="cluster secret"):
+                stranger.open_segment(target.name)
+        assert target.auth_failures == 1
+    loose = key_file(tmp_path, "loose", b"this cluster's secret: 32 bytes!", 0o644)
+    with pytest.raises(ferry.InvalidArgument, match="group or others"):
+        ferry.TransferEngine(auth_key_file=loose)
+
+
 def test_blocking_call_releases_the_gil(spawn_peer):
     """A synchronous tcp write to a stopped target cannot finish until a second
     Python thread resumes the target. That thread first sees the main thread inside

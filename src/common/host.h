@@ -9,4 +9,8 @@ namespace ferry {
 // "<boot id>/<pid namespace inode>"; stable for the life of the process.
 const std::string& HostIdentity();
 
+// Whether `host` (an IP literal, bracketed or not, or "localhost") can only
+// be reached from this host: 127.0.0.0/8, ::1 or an IPv4-mapped 127 address.
+bool IsLoopbackHost(const std::string& host);
+
 }  // namespace ferry

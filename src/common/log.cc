@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace ferry::log {
 
@@ -30,6 +31,18 @@ Status CheckLevelEnv() {
   }
   return Status::InvalidArgument(std::string("environment variable FERRY_LOG_LEVEL='") + lvl +
                                  "' is not trace, debug, info, warn, error or off");
+}
+
+bool RateLimit::Allow(uint64_t* held) {
+  std::lock_guard lk(mu_);
+  const auto now = Clock::now();
+  if (now < next_) {
+    ++held_;
+    return false;
+  }
+  next_ = now + period_;
+  *held = std::exchange(held_, 0);
+  return true;
 }
 
 }  // namespace ferry::log

@@ -6,6 +6,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cstdint>
+#include <mutex>
+
+#include "common/clock.h"
 #include "ferry/status.h"
 
 namespace ferry::log {
@@ -15,6 +19,22 @@ spdlog::logger& Get();
 // InvalidArgument when FERRY_LOG_LEVEL names no level, so that Engine::Create
 // refuses it; the logger takes such a value as off.
 Status CheckLevelEnv();
+
+// Lets one line through per period, for events a remote peer can repeat at
+// will (a flood of failed handshakes must not flood the log). Thread safe.
+class RateLimit {
+ public:
+  explicit RateLimit(Millis period) : period_(period) {}
+  // True when a line may be logged now; then *held gets how many were held
+  // back since the last one let through.
+  bool Allow(uint64_t* held);
+
+ private:
+  const Millis period_;
+  std::mutex mu_;
+  Clock::time_point next_{};  // guarded by mu_
+  uint64_t held_ = 0;         // guarded by mu_
+};
 
 }  // namespace ferry::log
 

@@ -16,6 +16,7 @@
 #include <random>
 #include <thread>
 
+#include "common/auth.h"
 #include "common/cache.h"
 #include "common/env.h"
 #include "common/host.h"
@@ -75,6 +76,7 @@ class Engine::Impl {
 
   Status Init() {
     FERRY_RETURN_IF_ERROR(ApplyEnv());
+    FERRY_ASSIGN_OR_RETURN(key_, auth::LoadConfigured(options_.auth_key_file));
     if (options_.metadata != "p2p") {
       return Status::NotSupported("metadata '" + options_.metadata + "' is not supported; use p2p");
     }
@@ -102,7 +104,7 @@ class Engine::Impl {
     FERRY_ASSIGN_OR_RETURN(memory_, LocalMemory::Create(has_gpu));
     copy_pool_ = std::make_unique<ThreadPool>(options_.copy_threads, "ferry-copy");
     ctx_ = std::make_unique<EngineContext>(
-        EngineContext{options_, io_, *copy_pool_, memory_->registry(), copier_.get()});
+        EngineContext{options_, io_, *copy_pool_, memory_->registry(), copier_.get(), key_});
     FERRY_ASSIGN_OR_RETURN(transports_, TransportSet::Create(*ctx_, options_.transport));
     memory_->set_describer([this](const Region& r, const gpu::MemoryInfo& info) {
       return transports_->DescribeMemory(r, info);
@@ -115,6 +117,7 @@ class Engine::Impl {
     cfg.epoch = epoch_;
     cfg.frame_timeout = options_.request_timeout;
     cfg.handshake_timeout = options_.connect_timeout;  // what our own connects allow
+    cfg.key = key_;
     FERRY_ASSIGN_OR_RETURN(int64_t max_connections, env::GetInt("FERRY_MAX_CONNECTIONS", 1024));
     // A quarter by default, at least room for a few engines' lanes from one host.
     FERRY_ASSIGN_OR_RETURN(int64_t per_source,
@@ -139,7 +142,7 @@ class Engine::Impl {
       watch_->SetPeriod(peers_->WatchRound(woken));
     });
     peers_ = std::make_unique<PeerTable>(
-        PeerTable::Config{name_, options_.connect_timeout, [this] { return Describe(); }},
+        PeerTable::Config{name_, options_.connect_timeout, [this] { return Describe(); }, key_},
         watch_.get());
     router_ = std::make_unique<Router>(*transports_, *peers_, memory_->registry(), has_gpu);
     submitter_ = std::make_unique<Submitter>(*router_, *peers_, copier_.get(), relay_.get(),
@@ -158,6 +161,7 @@ class Engine::Impl {
 
   const std::string& name() const { return name_; }
   uint64_t epoch() const { return epoch_; }
+  EngineStats Stats() const { return {listener_->auth_failures()}; }
   Millis request_timeout() const { return options_.request_timeout; }
   LocalMemory& memory() { return *memory_; }
   PeerTable& peers() { return *peers_; }
@@ -214,6 +218,7 @@ class Engine::Impl {
   }
 
   EngineOptions options_;
+  std::shared_ptr<const auth::Key> key_;  // the cluster secret; null: none
   uint64_t epoch_ = 0;
   std::string name_;
   asio::io_context io_;
@@ -244,6 +249,7 @@ Engine::~Engine() = default;
 
 const std::string& Engine::name() const { return impl_->name(); }
 uint64_t Engine::epoch() const { return impl_->epoch(); }
+EngineStats Engine::Stats() const { return impl_->Stats(); }
 Status Engine::RegisterMemory(void* addr, size_t length) {
   return impl_->memory().Register(addr, length);
 }

@@ -6,8 +6,18 @@
 //   request id u64 | address u64 | length u64
 //
 // A request frame (Write) is followed by `length` payload bytes; so are the
-// Descriptor and ReadData replies when status is OK. Frames are answered in
+// Descriptor and ReadData replies when status is OK, and the handshake's
+// Hello (0 or kNonceBytes), Challenge and Proof. Frames are answered in
 // order on each connection.
+//
+// With a cluster secret (common/auth.h) every connection opens with the
+// handshake, and nothing else is served before it completes:
+//   initiator: Hello    address = expected epoch, payload = its nonce
+//   target:    Challenge address = its epoch, payload = its nonce, its proof
+//   initiator: Proof    payload = its proof
+//   target:    HelloAck status OK, PeerRestarted, or Unauthenticated (then it closes)
+// Each proof is HMAC-SHA256 over its direction's label, both nonces and both
+// epochs (handshake.h); docs/wire-protocol.md has the whole exchange.
 #pragma once
 
 #include <cstdint>
@@ -17,21 +27,29 @@
 namespace ferry::wire {
 
 inline constexpr uint32_t kMagic = 0x59524546;  // "FERY"
-inline constexpr uint8_t kVersion = 1;
+// 2: the authenticated handshake (a Hello with a payload, Challenge, Proof).
+inline constexpr uint8_t kVersion = 2;
 inline constexpr size_t kHeaderSize = 32;
 // The largest payload one frame may carry; a larger length closes the connection.
 inline constexpr uint64_t kMaxPayload = 64ull << 20;
 
 enum class Opcode : uint8_t {
-  kHello = 1,     // address = the epoch the initiator expects (0: any)
-  kHelloAck = 2,  // address = the target's epoch; PeerRestarted on mismatch
+  // address = the epoch the initiator expects (0: any); payload: none, or
+  // the initiator's nonce when it holds a secret
+  kHello = 1,
+  // address = the target's epoch; PeerRestarted on mismatch, Unauthenticated
+  // when the target holds a secret the initiator did not prove
+  kHelloAck = 2,
   kGetDescriptor = 3,
   kDescriptor = 4,  // payload: EncodeDescriptor
   kWrite = 5,       // payload: the bytes to store at address
   kWriteAck = 6,    // sent once the bytes are applied
   kRead = 7,
-  kReadData = 8,  // payload: the bytes read
+  kReadData = 8,   // payload: the bytes read
+  kChallenge = 9,  // address = the target's epoch; payload: its nonce, then its proof
+  kProof = 10,     // payload: the initiator's proof
 };
+inline constexpr Opcode kLastOpcode = Opcode::kProof;
 
 struct Header {
   Opcode opcode = Opcode::kHello;

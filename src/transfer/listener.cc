@@ -2,13 +2,17 @@
 
 #include <algorithm>
 #include <asio.hpp>
+#include <atomic>
+#include <cstring>
 #include <deque>
 #include <list>
 #include <mutex>
 
+#include "common/host.h"
 #include "common/log.h"
 #include "transfer/frame_service.h"
 #include "transfer/frame_wire.h"
+#include "transfer/handshake.h"
 
 namespace ferry {
 
@@ -26,6 +30,13 @@ using asio::ip::tcp;
 using wire::Header;
 using wire::Opcode;
 
+// What the connections of one listener share: the count of peers the
+// handshake refused, and their log, held to a line a second against floods.
+struct Refusals {
+  std::atomic<uint64_t> count{0};
+  log::RateLimit log{Millis(1000)};
+};
+
 // One peer connection, on its own strand. Frames are read one after another;
 // replies go out in frame order through a queue, so a frame a service is
 // still working on overlaps reading the next one and writing earlier
@@ -33,12 +44,15 @@ using wire::Opcode;
 class Connection : public FrameConnection, public std::enable_shared_from_this<Connection> {
  public:
   Connection(tcp::socket sock, const Listener::Config& cfg,
-             const Listener::DescriptorFn& descriptor, const std::vector<FrameService*>& services)
+             const Listener::DescriptorFn& descriptor, const std::vector<FrameService*>& services,
+             Refusals& refusals)
       : sock_(std::move(sock)),
         timer_(sock_.get_executor()),
         cfg_(cfg),
         descriptor_(descriptor),
-        services_(services) {}
+        services_(services),
+        refusals_(refusals),
+        authed_(cfg.key == nullptr) {}
 
   void Start() {
     asio::error_code ec;
@@ -173,13 +187,17 @@ class Connection : public FrameConnection, public std::enable_shared_from_this<C
     if (h.status != StatusCode::kOk) {
       return Drop("a request carries status " + std::string(StatusCodeName(h.status)));
     }
+    if (!authed_) return Authenticate(h);
     greeted_ = true;
     switch (h.opcode) {
       case Opcode::kHello: {
-        StatusCode st =
-            (h.addr == 0 || h.addr == cfg_.epoch) ? StatusCode::kOk : StatusCode::kPeerRestarted;
-        Reply({Opcode::kHelloAck, st, h.id, cfg_.epoch, 0}, nullptr);
-        return ReadNext();
+        if (h.length == auth::kNonceBytes && cfg_.key == nullptr) {
+          // An initiator with a secret: we answer without a challenge, and
+          // it refuses us; its nonce is read so that it hears why.
+          return ReadHandshake(h, &Connection::AckHello);
+        }
+        if (h.length != 0) return Drop("a hello with a payload of " + std::to_string(h.length));
+        return AckHello(h);
       }
       case Opcode::kGetDescriptor: {
         auto desc = std::make_shared<std::vector<uint8_t>>(descriptor_());
@@ -196,13 +214,96 @@ class Connection : public FrameConnection, public std::enable_shared_from_this<C
     }
   }
 
+  void AckHello(const Header& h) {
+    StatusCode st =
+        (h.addr == 0 || h.addr == cfg_.epoch) ? StatusCode::kOk : StatusCode::kPeerRestarted;
+    Reply({Opcode::kHelloAck, st, h.id, cfg_.epoch, 0}, nullptr);
+    ReadNext();
+  }
+
+  // ---- the handshake's target side (frame_wire.h), with a secret ----
+
+  // Before the handshake completes, only its own two frames are read.
+  void Authenticate(const Header& h) {
+    if (!challenged_ && h.opcode == Opcode::kHello && h.length == auth::kNonceBytes) {
+      return ReadHandshake(h, &Connection::Challenge);
+    }
+    if (challenged_ && h.opcode == Opcode::kProof && h.length == auth::kMacBytes) {
+      return ReadHandshake(h, &Connection::CheckProof);
+    }
+    if (h.opcode == Opcode::kHello && h.length == 0) {
+      return Refuse(h, "it sent no proof (it holds no cluster secret)");
+    }
+    Refuse(h, "opcode " + std::to_string(static_cast<int>(h.opcode)) +
+                  " before the handshake completed");
+  }
+
+  // Reads the handshake frame's payload into hs_, then runs `then`.
+  void ReadHandshake(const Header& h, void (Connection::*then)(const Header&)) {
+    BeginFrame();
+    asio::async_read(sock_, asio::buffer(hs_, h.length),
+                     [self = shared_from_this(), h, then](auto ec, size_t) {
+                       self->EndFrame();
+                       if (ec || self->closed_) return self->Shutdown();
+                       ((*self).*then)(h);
+                     });
+  }
+
+  void Challenge(const Header& h) {
+    std::memcpy(theirs_.data(), hs_, theirs_.size());
+    auto nonce = auth::NewNonce();
+    if (!nonce.ok()) return Drop(nonce.status().ToString());
+    mine_ = nonce.value();
+    expected_ = h.addr;
+    const auth::Mac proof =
+        handshake::TargetProof(*cfg_.key, theirs_, mine_, cfg_.epoch, expected_);
+    std::memcpy(challenge_, mine_.data(), mine_.size());
+    std::memcpy(challenge_ + mine_.size(), proof.data(), proof.size());
+    challenged_ = true;
+    // challenge_ lives as long as the connection, past the reply's write.
+    Reply({Opcode::kChallenge, StatusCode::kOk, h.id, cfg_.epoch, sizeof(challenge_)}, challenge_);
+    ReadNext();
+  }
+
+  void CheckProof(const Header& h) {
+    auth::Mac proof{};
+    std::memcpy(proof.data(), hs_, proof.size());
+    const auth::Mac want =
+        handshake::InitiatorProof(*cfg_.key, theirs_, mine_, cfg_.epoch, expected_);
+    if (!auth::SameMac(proof, want)) {
+      return Refuse(h, "wrong proof (another cluster secret, or a replayed handshake)");
+    }
+    authed_ = true;
+    greeted_ = true;
+    AckHello({Opcode::kHello, StatusCode::kOk, h.id, expected_, 0});
+  }
+
+  // Counts and logs the refusal, tells the peer where its frame has a reply,
+  // and closes once that is written. Nothing more is read from it.
+  void Refuse(const Header& h, const std::string& why) {
+    refusals_.count.fetch_add(1, std::memory_order_relaxed);
+    if (uint64_t held = 0; refusals_.log.Allow(&held)) {
+      FERRY_LOG_WARN("listener: refusing {}: {}{}", peer_, why,
+                     held == 0 ? "" : fmt::format(" ({} more refused since the last line)", held));
+    }
+    if (h.opcode == Opcode::kHello || h.opcode == Opcode::kProof) {
+      Reply({Opcode::kHelloAck, StatusCode::kUnauthenticated, h.id, 0, 0}, nullptr);
+    } else if (h.opcode == Opcode::kGetDescriptor) {
+      Reply({Opcode::kDescriptor, StatusCode::kUnauthenticated, h.id, 0, 0}, nullptr);
+    } else {
+      return Shutdown();  // a memory operation: not even its payload is read
+    }
+    WhenDrained([self = shared_from_this()] { self->Shutdown(); });
+  }
+
   void Watchdog() {
     timer_.expires_after(
         std::clamp(std::min(cfg_.frame_timeout, cfg_.handshake_timeout), Millis(10), Millis(500)));
     timer_.async_wait([self = shared_from_this()](auto ec) {
       if (ec || self->closed_) return;
       if (!self->greeted_ && Clock::now() - self->accepted_ >= self->cfg_.handshake_timeout) {
-        return self->Drop("no frame within the connect timeout");
+        return self->Drop(self->authed_ ? "no frame within the connect timeout"
+                                        : "no handshake within the connect timeout");
       }
       if (self->busy_ > 0 && Clock::now() - self->progress_ > self->cfg_.frame_timeout) {
         return self->Drop("frame timed out");
@@ -216,9 +317,19 @@ class Connection : public FrameConnection, public std::enable_shared_from_this<C
   const Listener::Config& cfg_;
   const Listener::DescriptorFn& descriptor_;
   const std::vector<FrameService*>& services_;
+  Refusals& refusals_;
   std::string peer_;
   bool closed_ = false;
-  bool greeted_ = false;  // its first frame arrived
+  // Its first frame arrived, or with a secret its handshake completed.
+  bool greeted_ = false;
+  // The handshake: done (or not needed), and what it has exchanged so far.
+  bool authed_;
+  bool challenged_ = false;
+  uint64_t expected_ = 0;  // the epoch the initiator expects
+  auth::Nonce theirs_{};
+  auth::Nonce mine_{};
+  uint8_t challenge_[auth::kNonceBytes + auth::kMacBytes];
+  uint8_t hs_[std::max(auth::kNonceBytes, auth::kMacBytes)];
   const Clock::time_point accepted_ = Clock::now();
   int lowat_ = 1;
   int busy_ = 0;  // reads and writes under way
@@ -244,6 +355,12 @@ class ListenerImpl : public Listener {
     asio::error_code ec;
     auto addr = asio::ip::make_address(cfg_.host, ec);
     if (ec) return Status::InvalidArgument("bad listen address '" + cfg_.host + "'");
+    if (cfg_.key == nullptr && !IsLoopbackHost(cfg_.host)) {
+      FERRY_LOG_WARN(
+          "listener: {} is not a loopback address and no cluster secret is set ({}): any "
+          "process that reaches it can read and write this engine's registered memory",
+          cfg_.host, auth::kKeyFileEnv);
+    }
     tcp::endpoint ep(addr, cfg_.port);
     acceptor_.open(ep.protocol(), ec);
     if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
@@ -259,6 +376,9 @@ class ListenerImpl : public Listener {
   }
 
   uint16_t port() const override { return port_; }
+  uint64_t auth_failures() const override {
+    return refusals_.count.load(std::memory_order_relaxed);
+  }
 
   void Stop() override {
     asio::post(acceptor_.get_executor(), [this] {
@@ -280,7 +400,8 @@ class ListenerImpl : public Listener {
       const asio::ip::address source =
           ec ? asio::ip::address() : sock.remote_endpoint(gone).address();
       if (!ec && !gone) {  // else the peer left before it was accepted
-        auto c = std::make_shared<Connection>(std::move(sock), cfg_, descriptor_, services_);
+        auto c =
+            std::make_shared<Connection>(std::move(sock), cfg_, descriptor_, services_, refusals_);
         const std::string refusal = Admit(source, c);
         if (refusal.empty()) {
           c->Start();
@@ -320,6 +441,7 @@ class ListenerImpl : public Listener {
   const DescriptorFn descriptor_;
   const std::vector<FrameService*> services_;
   tcp::acceptor acceptor_;
+  Refusals refusals_;
   uint16_t port_ = 0;
   std::mutex mu_;
   std::list<Entry> conns_;  // guarded by mu_

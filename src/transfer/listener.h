@@ -6,6 +6,12 @@
 // the listener keeps serving everyone else. Connections are capped in all and
 // per source address, and one that sends nothing is closed after the
 // handshake timeout, so sockets left idle cannot lock real peers out.
+//
+// With a cluster secret (Config::key) a connection must complete the
+// handshake of frame_wire.h first: until then no Write, Read or
+// GetDescriptor is served. A peer that fails it is told Unauthenticated
+// where its frame has a reply, closed, counted and logged (at most a line
+// a second).
 #pragma once
 
 #include <cstdint>
@@ -14,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "common/auth.h"
 #include "common/clock.h"
 #include "ferry/status.h"
 
@@ -41,6 +48,9 @@ class Listener {
     // The same from any one source address, so that one host cannot take
     // every slot; env FERRY_MAX_CONNECTIONS_PER_SOURCE.
     size_t max_connections_per_source = 256;
+    // Peers must prove this secret; null: none do. Without one, a host that
+    // is not loopback is bound with a warning.
+    std::shared_ptr<const auth::Key> key;
   };
   using DescriptorFn = std::function<std::vector<uint8_t>()>;
 
@@ -52,6 +62,9 @@ class Listener {
                                                  std::vector<FrameService*> services);
   virtual ~Listener() = default;
   virtual uint16_t port() const = 0;
+  // Peers refused by the handshake since Start: no proof, a wrong one, a
+  // replayed one, or a frame before it. Never blocks.
+  virtual uint64_t auth_failures() const = 0;
   // Stops accepting and closes every connection; handlers finish on the io threads.
   virtual void Stop() = 0;
 };

@@ -4,6 +4,7 @@
 #include <charconv>
 
 #include "transfer/frame_wire.h"
+#include "transfer/handshake.h"
 
 namespace ferry {
 
@@ -29,7 +30,8 @@ Result<SegmentAddress> ParseSegmentName(std::string_view name) {
   return SegmentAddress{std::string(host), static_cast<uint16_t>(port)};
 }
 
-Result<SegmentDescriptor> FetchDescriptor(const SegmentAddress& addr, Millis timeout) {
+Result<SegmentDescriptor> FetchDescriptor(const SegmentAddress& addr, Millis timeout,
+                                          std::shared_ptr<const auth::Key> key) {
   using asio::ip::tcp;
   asio::io_context io;
   tcp::socket sock(io);
@@ -42,12 +44,7 @@ Result<SegmentDescriptor> FetchDescriptor(const SegmentAddress& addr, Millis tim
   std::vector<uint8_t> payload;
   wire::EncodeHeader({wire::Opcode::kGetDescriptor, StatusCode::kOk, 1, 0, 0}, out);
 
-  tcp::endpoint ep(asio::ip::make_address(addr.host), addr.port);
-  sock.async_connect(ep, [&](asio::error_code ec) {
-    if (ec) {
-      result = Status::Unavailable("cannot connect to " + who + ": " + ec.message());
-      return;
-    }
+  auto ask = [&] {
     asio::async_write(sock, asio::buffer(out), [&](asio::error_code ec, size_t) {
       if (ec) {
         result = Status::ConnectionLost(who + ": " + ec.message());
@@ -63,8 +60,14 @@ Result<SegmentDescriptor> FetchDescriptor(const SegmentAddress& addr, Millis tim
           result = h.status();
           return;
         }
+        if (h.value().opcode == wire::Opcode::kDescriptor &&
+            h.value().status == StatusCode::kUnauthenticated && h.value().length == 0) {
+          result = Status::Unauthenticated(who + " requires the cluster secret (" +
+                                           auth::kKeyFileEnv + ")");
+          return;
+        }
         if (h.value().opcode != wire::Opcode::kDescriptor || h.value().id != 1 ||
-            h.value().length > kMaxDescriptorBytes) {
+            h.value().status != StatusCode::kOk || h.value().length > kMaxDescriptorBytes) {
           result = Status::ProtocolError(who + " sent an unexpected reply");
           return;
         }
@@ -83,6 +86,26 @@ Result<SegmentDescriptor> FetchDescriptor(const SegmentAddress& addr, Millis tim
           result = Status::Ok();
         });
       });
+    });
+  };
+
+  tcp::endpoint ep(asio::ip::make_address(addr.host), addr.port);
+  sock.async_connect(ep, [&](asio::error_code ec) {
+    if (ec) {
+      result = Status::Unavailable("cannot connect to " + who + ": " + ec.message());
+      return;
+    }
+    // Without a secret the fetch needs no Hello: a target without one serves it.
+    if (key == nullptr) return ask();
+    handshake::HelloConfig hc;
+    hc.key = key;
+    hc.peer_name = who;
+    handshake::AsyncHello(sock, std::move(hc), [&](Status st, uint64_t) {
+      if (!st.ok()) {
+        result = std::move(st);
+        return;
+      }
+      ask();
     });
   });
   io.run_for(timeout);

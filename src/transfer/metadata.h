@@ -2,9 +2,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
+#include "common/auth.h"
 #include "common/clock.h"
 #include "ferry/status.h"
 #include "transfer/descriptor.h"
@@ -20,8 +22,11 @@ struct SegmentAddress {
 Result<SegmentAddress> ParseSegmentName(std::string_view name);
 
 // Connects, asks for the descriptor and validates it; bounded by `timeout`.
-// Unavailable when nobody listens, Timeout when the peer does not answer in
-// time, ProtocolError for a malformed reply.
-Result<SegmentDescriptor> FetchDescriptor(const SegmentAddress& addr, Millis timeout);
+// With `key`, the handshake (handshake.h) comes first. Unavailable when
+// nobody listens, Timeout when the peer does not answer in time,
+// ProtocolError for a malformed reply, Unauthenticated when the peer and
+// this side do not hold the same secret (or only one of them holds one).
+Result<SegmentDescriptor> FetchDescriptor(const SegmentAddress& addr, Millis timeout,
+                                          std::shared_ptr<const auth::Key> key = nullptr);
 
 }  // namespace ferry

@@ -25,7 +25,8 @@ bool SameRegions(const SegmentDescriptor& a, const SegmentDescriptor& b) {
 Result<std::shared_ptr<Segment>> PeerTable::Open(std::string_view name) {
   FERRY_ASSIGN_OR_RETURN(SegmentAddress addr, ParseSegmentName(name));
   if (name == cfg_.self_name) return Add(name, addr, cfg_.describe_self());
-  FERRY_ASSIGN_OR_RETURN(SegmentDescriptor d, FetchDescriptor(addr, cfg_.connect_timeout));
+  FERRY_ASSIGN_OR_RETURN(SegmentDescriptor d,
+                         FetchDescriptor(addr, cfg_.connect_timeout, cfg_.key));
   return Add(name, addr, std::move(d));
 }
 
@@ -95,7 +96,7 @@ Status PeerTable::Refresh(Segment& seg) {
   if (seg.is_self()) {
     fresh = std::make_shared<SegmentDescriptor>(cfg_.describe_self());
   } else {
-    auto d = FetchDescriptor({seg.host(), seg.port()}, cfg_.connect_timeout);
+    auto d = FetchDescriptor({seg.host(), seg.port()}, cfg_.connect_timeout, cfg_.key);
     if (!d.ok()) {
       seg.MarkStale();  // try again next time
       return d.status();

@@ -26,6 +26,8 @@ class PeerTable {
     Millis connect_timeout{5000};
     // This engine's own descriptor, as peers would fetch it.
     std::function<SegmentDescriptor()> describe_self;
+    // The cluster secret, proven to peers before each fetch; null: none.
+    std::shared_ptr<const auth::Key> key = nullptr;
   };
   // How often the watch looks: while it follows a peer, when a peer it
   // could not refetch is tried again, and while it follows none.

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/auth.h"
 #include "ferry/status.h"
 #include "transfer/batch.h"
 #include "transfer/descriptor.h"
@@ -39,6 +40,8 @@ struct EngineContext {
   ThreadPool& copy_pool;
   const MemoryRegistry& registry;
   gpu::Copier* copier;  // null without a GPU
+  // The cluster secret that peers' listeners ask this engine to prove; null: none.
+  std::shared_ptr<const auth::Key> key = nullptr;
 };
 
 // Which peers a transport's endpoints can reach.

@@ -14,6 +14,7 @@
 #include "common/clock.h"
 #include "ferry/engine.h"
 #include "integration/peer.h"
+#include "integration/raw_client.h"
 #include "transfer/frame_wire.h"
 
 namespace ferry {
@@ -21,6 +22,7 @@ namespace {
 
 using std::chrono::milliseconds;
 using std::chrono::seconds;
+using test::RawClient;
 
 std::unique_ptr<Engine> MakeEngine(const std::string& transport = "") {
   EngineOptions o;
@@ -89,60 +91,6 @@ TEST(BadInput, UnknownSegment) {
   EXPECT_EQ(e->GetSegmentInfo(12345).status().code(), StatusCode::kNotFound);
   EXPECT_EQ(e->CloseSegment(12345).code(), StatusCode::kNotFound);
 }
-
-// A raw client of the listener, for frames no engine would send.
-class RawClient {
- public:
-  // From `from`, another loopback address, where given: another source.
-  explicit RawClient(uint16_t port, const char* from = nullptr) {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    if (from != nullptr) {
-      inet_pton(AF_INET, from, &a.sin_addr);
-      if (bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return;
-    }
-    a.sin_port = htons(port);
-    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-  }
-  ~RawClient() { close(fd_); }
-  bool connected() const { return connected_; }
-  void Send(const void* p, size_t n) { ASSERT_EQ(send(fd_, p, n, MSG_NOSIGNAL), ssize_t(n)); }
-  void SendHeader(wire::Opcode op, uint64_t addr, uint64_t len) {
-    uint8_t h[wire::kHeaderSize];
-    wire::EncodeHeader({op, StatusCode::kOk, 77, addr, len}, h);
-    Send(h, sizeof(h));
-  }
-  // A reply header, or nullopt when the peer closed the connection in time.
-  std::optional<wire::Header> ReadHeader(Millis timeout = Millis(5000)) {
-    uint8_t h[wire::kHeaderSize];
-    size_t got = 0;
-    Deadline d = Deadline::After(timeout);
-    while (got < sizeof(h)) {
-      pollfd p{fd_, POLLIN, 0};
-      if (poll(&p, 1, 100) <= 0) {
-        if (d.Expired()) {
-          timed_out_ = true;
-          return std::nullopt;
-        }
-        continue;
-      }
-      ssize_t n = recv(fd_, h + got, sizeof(h) - got, 0);
-      if (n <= 0) return std::nullopt;
-      got += static_cast<size_t>(n);
-    }
-    auto r = wire::DecodeHeader(h);
-    if (!r.ok()) return std::nullopt;
-    return r.value();
-  }
-  bool timed_out() const { return timed_out_; }
-
- private:
-  int fd_ = -1;
-  bool connected_ = false;
-  bool timed_out_ = false;
-};
 
 TEST(BadInput, MalformedAndTruncatedFramesCloseOnlyThatConnection) {
   auto peer = test::StartPeer(1 << 20, 0);

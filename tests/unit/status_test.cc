@@ -41,7 +41,8 @@ TEST(Status, OneFactoryPerCodeInCodeOrder) {
       Status::OutOfRange("m"),        Status::Timeout("m"),       Status::Cancelled("m"),
       Status::ConnectionLost("m"),    Status::ProtocolError("m"), Status::NotSupported("m"),
       Status::ResourceExhausted("m"), Status::Unavailable("m"),   Status::PeerRestarted("m"),
-      Status::IoError("m"),           Status::Internal("m"),      Status::Busy("m")};
+      Status::IoError("m"),           Status::Internal("m"),      Status::Busy("m"),
+      Status::Unauthenticated("m")};
   for (size_t i = 0; i < std::size(all); ++i) {
     EXPECT_EQ(all[i].code(), static_cast<StatusCode>(i + 1)) << all[i].ToString();
     EXPECT_EQ(all[i].message(), "m");

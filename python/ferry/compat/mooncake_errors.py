@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from ..errors import (AlreadyExists, Busy, Cancelled, ConnectionLost, FerryError, Internal,
                       InvalidArgument, IoError, NotFound, NotSupported, OutOfRange,
-                      PeerRestarted, ProtocolError, ResourceExhausted, Timeout, Unavailable)
+                      PeerRestarted, ProtocolError, ResourceExhausted, Timeout, Unauthenticated,
+                      Unavailable)
 
 # Mooncake's fast-path protocols let Ferry pick the transport per peer; tcp and
 # shm force one.
@@ -41,6 +42,7 @@ ERROR_CODES: dict[type, int] = {
     ConnectionLost: RPC_FAIL,
     Unavailable: RPC_FAIL,
     ProtocolError: RPC_FAIL,
+    Unauthenticated: RPC_FAIL,
     Cancelled: INTERNAL_ERROR,
     Internal: INTERNAL_ERROR,
 }

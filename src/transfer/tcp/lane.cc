@@ -1,6 +1,7 @@
 #include "transfer/tcp/lane.h"
 
 #include "common/log.h"
+#include "transfer/handshake.h"
 #include "transfer/segment.h"
 #include "transfer/tcp/socket_io.h"
 
@@ -55,35 +56,23 @@ void Lane::Connect() {
     }
     asio::error_code ignored;
     self->sock_.set_option(tcp::no_delay(true), ignored);
-    wire::EncodeHeader({Opcode::kHello, StatusCode::kOk, 0, self->cfg_.epoch, 0}, self->out_);
-    asio::async_write(
-        self->sock_, asio::buffer(self->out_), [self, gen](asio::error_code ec, size_t) {
-          if (gen != self->gen_) return;
-          if (ec) {
-            return self->Fail(Status::ConnectionLost(self->cfg_.peer_name + ": " + ec.message()));
-          }
-          asio::async_read(
-              self->sock_, asio::buffer(self->in_), [self, gen](asio::error_code ec, size_t) {
-                if (gen != self->gen_) return;
-                if (ec) {
-                  return self->Fail(
-                      Status::ConnectionLost(self->cfg_.peer_name + " closed during hello"));
-                }
-                self->OnConnected(gen);
-              });
-        });
+    handshake::HelloConfig hc;
+    hc.key = self->cfg_.key;
+    hc.expected_epoch = self->cfg_.epoch;
+    hc.peer_name = self->cfg_.peer_name;
+    hc.current = [self, gen] { return gen == self->gen_; };
+    handshake::AsyncHello(self->sock_, std::move(hc), [self, gen](Status st, uint64_t) {
+      if (gen != self->gen_) return;
+      self->OnConnected(gen, st);
+    });
   });
 }
 
-void Lane::OnConnected(uint64_t gen) {
-  auto h = wire::DecodeHeader(in_);
-  if (!h.ok() || h.value().opcode != Opcode::kHelloAck) {
-    return Fail(Status::ProtocolError(cfg_.peer_name + " sent a bad hello reply"));
-  }
-  if (h.value().status == StatusCode::kPeerRestarted) {
+void Lane::OnConnected(uint64_t gen, const Status& hello) {
+  if (hello.code() == StatusCode::kPeerRestarted) {
     if (auto seg = segment_.lock()) seg->MarkStale();
-    return Fail(Status::PeerRestarted(cfg_.peer_name + " restarted; its segment has a new epoch"));
   }
+  if (!hello.ok()) return Fail(hello);
   state_ = State::kReady;
   last_progress_ = Clock::now();
   ReadReply(gen);

@@ -6,7 +6,9 @@
 // deadline fails every task the lane holds and closes the socket; the next
 // post reconnects. A Hello carrying the expected epoch opens each connection,
 // so a restarted peer fails the tasks with PeerRestarted instead of writing
-// into the new process at stale addresses.
+// into the new process at stale addresses. With a cluster secret the Hello
+// is the authenticated handshake (transfer/handshake.h); a peer that fails
+// it fails the tasks with Unauthenticated, and nothing is sent to it.
 #pragma once
 
 #include <asio.hpp>
@@ -15,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/auth.h"
 #include "transfer/batch.h"
 #include "transfer/frame_wire.h"
 
@@ -31,6 +34,7 @@ class Lane : public std::enable_shared_from_this<Lane> {
     int max_in_flight = 4;  // doubled for requests to GPU memory: see Window()
     Millis connect_timeout{5000};
     Millis progress_timeout{30000};
+    std::shared_ptr<const auth::Key> key;  // the cluster secret; null: none
   };
 
   Lane(asio::io_context& io, Config cfg, std::weak_ptr<Segment> segment);
@@ -48,7 +52,7 @@ class Lane : public std::enable_shared_from_this<Lane> {
 
   void Kick();
   void Connect();
-  void OnConnected(uint64_t gen);
+  void OnConnected(uint64_t gen, const Status& hello);
   size_t Window(const Task& t) const;
   void Pump();
   void ReadReply(uint64_t gen);

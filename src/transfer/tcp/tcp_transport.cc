@@ -196,6 +196,7 @@ class TcpTransport : public Transport {
     cfg.max_in_flight = ctx_.options.tcp_chunks_in_flight;
     cfg.connect_timeout = ctx_.options.connect_timeout;
     cfg.progress_timeout = ctx_.options.request_timeout;
+    cfg.key = ctx_.key;
     std::vector<std::shared_ptr<Lane>> lanes;
     for (int i = 0; i < ctx_.options.tcp_lanes; ++i) {
       lanes.push_back(std::make_shared<Lane>(ctx_.io, cfg, segment));
