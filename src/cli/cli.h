@@ -21,6 +21,7 @@ struct ServeArgs {
   std::string transport;
   uint64_t alloc_bytes = 64 << 20;  // engine-allocated (memfd) memory
   bool prefault = false;            // touch every page of it at start, as a store node does
+  bool non_dumpable = false;        // untraceable by its own uid, as a hardened application is
   uint64_t heap_bytes = 0;          // plain heap memory, registered
   uint64_t gpu_bytes = 0;           // GPU memory on gpu_device, registered
   int gpu_device = 0;

@@ -99,6 +99,8 @@ int main(int argc, char** argv) {
   s->add_option("--alloc", serve_alloc, "Engine-allocated (memfd) bytes to expose");
   s->add_option("--heap", serve_heap, "Heap bytes to register and expose");
   s->add_flag("--prefault", serve.prefault, "Touch every page of --alloc at start");
+  s->add_flag("--non-dumpable", serve.non_dumpable,
+              "Forbid tracing the process first (PR_SET_DUMPABLE 0), as hardened applications do");
   s->add_option("--gpu-alloc", serve_gpu,
                 "GPU bytes to register and expose; SIGUSR1 swaps it for a new registration");
   s->add_option("--gpu-device", serve.gpu_device, "The GPU of --gpu-alloc")

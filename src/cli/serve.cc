@@ -1,5 +1,8 @@
 #include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +17,11 @@
 namespace ferry::cli {
 
 int Serve(const ServeArgs& args) {
+  // Before the engine: same-host peers must then reach it without tracing it.
+  if (args.non_dumpable && prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) {
+    std::fprintf(stderr, "ferry serve: PR_SET_DUMPABLE: %s\n", std::strerror(errno));
+    return 1;
+  }
   auto engine = StartServingEngine("ferry serve", args.host, args.port, args.transport);
   if (!engine) return 1;
   Engine& e = *engine;

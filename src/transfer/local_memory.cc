@@ -33,6 +33,7 @@ Status LocalMemory::MakeGenerationPage() {
       mmap(nullptr, kGenerationPageBytes, PROT_READ | PROT_WRITE, MAP_SHARED, generation_fd_, 0);
   if (p == MAP_FAILED) return Status::FromErrno(errno, "mmap");
   generation_ = static_cast<uint64_t*>(p);
+  registry_.set_control_memfd(generation_fd_);
   return Status::Ok();
 }
 

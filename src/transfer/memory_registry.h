@@ -40,9 +40,16 @@ class MemoryRegistry {
   std::optional<Region> Find(uint64_t addr, uint64_t length) const;
   std::vector<Region> Snapshot() const;
 
+  // The memfd of the owner's generation page (local_memory.h), which
+  // same-host peers may map as they map the regions' memfds; -1 until set.
+  // Set once, before any peer can ask.
+  void set_control_memfd(int fd) { control_memfd_ = fd; }
+  int control_memfd() const { return control_memfd_; }
+
  private:
   mutable std::shared_mutex mu_;
   std::map<uint64_t, Region> regions_;  // by start address; guarded by mu_
+  int control_memfd_ = -1;
 };
 
 }  // namespace ferry

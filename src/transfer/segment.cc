@@ -13,12 +13,14 @@ Segment::~Segment() {
 }
 
 void Segment::WatchGeneration(const SegmentDescriptor& d, const std::string& local_host_id) {
-  if (is_self_ || d.control_memfd < 0 || d.host_id != local_host_id) return;
+  if (is_self_ || d.control_memfd < 0 || d.host_id != local_host_id || !MayAskForMemfds(d)) {
+    return;  // a peer that shares no memfds with us is not watched
+  }
   {
     std::lock_guard lk(mu_);
     if (generation_ != nullptr && generation_epoch_ == d.epoch) return;
   }
-  auto page = MapPeerMemfd(d.pid, d.control_memfd, kGenerationPageBytes);
+  auto page = MapPeerMemfd(d, {d.control_memfd, 0, 0, kGenerationPageBytes}, kPeerMemfdTimeout);
   if (!page.ok()) {
     FERRY_LOG_WARN("segment {}: cannot watch its registrations: {}", name_,
                    page.status().ToString());

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/subprocess.h"
 
@@ -27,9 +28,10 @@ int ListenOnLoopback(uint16_t* port);
 // another machine), else the one built beside this test.
 std::string FerryBin();
 
-// Starts a peer; `port` 0 picks one. Extra args go to `ferry serve`.
+// Starts a peer; `port` 0 picks one. `extra` args go to `ferry serve`.
 Result<Peer> StartPeer(uint64_t alloc_bytes, uint64_t heap_bytes, uint16_t port = 0,
-                       uint64_t gpu_bytes = 0, int gpu_device = 0);
+                       uint64_t gpu_bytes = 0, int gpu_device = 0,
+                       const std::vector<std::string>& extra = {});
 
 // Deterministic pseudo-random bytes.
 void FillRandom(void* p, size_t n, uint64_t seed);

@@ -13,6 +13,9 @@
 
 #include "common/host.h"
 #include "common/ticker.h"
+#include "transfer/memory_registry.h"
+#include "transfer/peer_memfd.h"
+#include "transfer/shm/memfd_server.h"
 
 namespace ferry {
 namespace {
@@ -20,25 +23,37 @@ namespace {
 constexpr char kSelf[] = "127.0.0.1:1";
 
 // A same-host peer's descriptor whose generation page is a memfd of this
-// process, so the table can map it and follow the peer.
+// process, served as an engine serves it (shm/memfd_server.h), so the table
+// can map it and follow the peer.
 class FollowablePeer {
  public:
   FollowablePeer() {
     fd_ = memfd_create("test-generation", MFD_CLOEXEC);
     EXPECT_EQ(ftruncate(fd_, static_cast<off_t>(kGenerationPageBytes)), 0);
+    registry_.set_control_memfd(fd_);
+    auto server = MemfdServer::Start(registry_, Millis(2000));
+    EXPECT_TRUE(server.ok()) << server.status().ToString();
+    if (server.ok()) server_ = std::move(server).value();
   }
-  ~FollowablePeer() { close(fd_); }
+  ~FollowablePeer() {
+    server_.reset();
+    close(fd_);
+  }
   SegmentDescriptor Descriptor() const {
     SegmentDescriptor d;
     d.epoch = 5;
     d.host_id = HostIdentity();
     d.pid = static_cast<uint32_t>(getpid());
     d.control_memfd = fd_;
+    d.transports = {kMemfdServerTransport};
+    d.transport_blobs = {server_ ? server_->blob() : std::string()};
     return d;
   }
 
  private:
   int fd_ = -1;
+  MemoryRegistry registry_;
+  std::unique_ptr<MemfdServer> server_;
 };
 
 TEST(PeerTable, TheWatchIdlesUntilThereIsAPeerToFollowAndIsWokenForOne) {

@@ -127,7 +127,7 @@ class CudaIpcEndpoint : public Endpoint, public std::enable_shared_from_this<Cud
       auto it = old->find(r.addr);
       if (it != old->end() && it->second.serial == r.serial) {
         next->emplace(r.addr, it->second);
-      } else if (auto m = Map(r, Decode(d.BlobOf(r, transport_)))) {
+      } else if (auto m = Map(d, r, Decode(d.BlobOf(r, transport_)))) {
         next->emplace(r.addr, std::move(*m));
       }
     }
@@ -200,9 +200,10 @@ class CudaIpcEndpoint : public Endpoint, public std::enable_shared_from_this<Cud
         fmt::format("0x{:x}+{} is not GPU-reachable at {}", remote, length, name_));
   }
 
-  // Imports one region, as its blob `how` says; nullopt, logged, when it
-  // cannot be. Under follow_mu_.
-  std::optional<Mapping> Map(const RegionDesc& r, const Reachable& how) {
+  // Imports one region of `d`, as its blob `how` says; nullopt, logged, when
+  // it cannot be. Under follow_mu_.
+  std::optional<Mapping> Map(const SegmentDescriptor& d, const RegionDesc& r,
+                             const Reachable& how) {
     Mapping m;
     m.addr = r.addr;
     m.length = r.length;
@@ -226,7 +227,7 @@ class CudaIpcEndpoint : public Endpoint, public std::enable_shared_from_this<Cud
       }
       m.base = m.import->base + how.ipc_offset;
     } else if (how.memfd >= 0) {
-      auto p = MapPeerMemfd(pid_, how.memfd, r.length);
+      auto p = MapPeerMemfd(d, {how.memfd, r.addr, r.serial, r.length}, kPeerMemfdTimeout);
       if (!p.ok()) {
         FERRY_LOG_WARN("cuda_ipc: {}: {}", name_, p.status().ToString());
         return std::nullopt;

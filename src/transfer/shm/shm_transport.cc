@@ -1,16 +1,22 @@
 // The shm transport, for peers on the same host (same boot id and PID
-// namespace). Engine-allocated memfd buffers are mapped once, by opening the
-// peer's /proc/<pid>/fd/<n>, and copied with memcpy. Other registered memory is
-// moved with process_vm_readv/writev. Copies run on the engine's copy pool.
-// The peer's liveness is watched through a pidfd, so a dead peer fails
-// requests with ConnectionLost instead of touching a reused pid.
+// namespace). Engine-allocated memfd buffers are mapped once and copied with
+// memcpy; their owner hands out the fds over a Unix socket (peer_memfd.h,
+// memfd_server.h), which needs no ptrace rights over it. Other registered
+// memory is moved with process_vm_readv/writev, but only where the kernel
+// already lets this process trace the owner (same uid, the owner dumpable,
+// Yama permitting): Ferry never widens that. A peer that this transport
+// cannot reach whole that way (another uid, a hardened owner with memory that
+// is not memfd) goes to the next transport, tcp, with a log line. Copies run
+// on the engine's copy pool. The peer's liveness is watched through a pidfd,
+// so a dead peer fails requests with ConnectionLost instead of touching a
+// reused pid.
 //
-// A region's blob is the owner's fd number of its memfd (an i32), or empty
-// for memory that process_vm reaches.
+// The segment's blob names the owner's memfd server (EncodeMemfdServer). A
+// region's blob is the owner's fd number of its memfd (an i32), or empty for
+// other memory.
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -18,15 +24,19 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
+#include <shared_mutex>
 
 #include "common/bytes.h"
 #include "common/host.h"
 #include "common/log.h"
 #include "common/thread_pool.h"
+#include "ferry/engine.h"
 #include "transfer/copy_task.h"
 #include "transfer/memory_registry.h"
 #include "transfer/peer_memfd.h"
 #include "transfer/segment.h"
+#include "transfer/shm/memfd_server.h"
 #include "transfer/transport.h"
 
 namespace ferry {
@@ -46,15 +56,60 @@ int32_t DecodeMemfd(std::string_view blob) {
   return fd >= 0 ? fd : -1;
 }
 
+// How this process reaches one peer's memory, as its descriptor offers it.
+struct Access {
+  bool fds = false;         // its memfd server hands us its memfds
+  bool process_vm = false;  // the kernel lets us process_vm_readv/writev it
+  bool reach = false;       // every host buffer one of those ways
+};
+
+// Whether the kernel lets this process read `pid`'s memory. The permission
+// check comes first, so a one-byte read at address 0 fails with EFAULT once
+// it passed, and with EPERM where it did not; no byte of the peer is read.
+bool ProcessVmAllowed(uint32_t pid) {
+  char byte;
+  iovec local{&byte, 1};
+  iovec remote{nullptr, 1};
+  return process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0) >= 0 ||
+         errno == EFAULT;
+}
+
+// `*why` says what is missing when the result cannot reach `d` whole.
+Access Assess(const SegmentDescriptor& d, std::string_view transport, std::string* why) {
+  Access a;
+  a.fds = MayAskForMemfds(d);
+  a.process_vm = ProcessVmAllowed(d.pid);
+  a.reach = a.process_vm || a.fds;
+  if (a.process_vm) return a;
+  const char* closed = "the kernel does not let this process read its memory (process_vm)";
+  if (!a.fds) {
+    *why = fmt::format("it shares no memfds with uid {}, and {}", geteuid(), closed);
+    return a;
+  }
+  for (const RegionDesc& r : d.regions) {
+    if (r.kind == static_cast<uint8_t>(gpu::MemoryKind::kDevice)) continue;  // not ours to move
+    if (DecodeMemfd(d.BlobOf(r, transport)) < 0) {
+      *why = fmt::format("its buffer at 0x{:x} is not engine-allocated (memfd), and {}", r.addr,
+                         closed);
+      a.reach = false;
+      return a;
+    }
+  }
+  return a;
+}
+
 class ShmEndpoint : public Endpoint, public std::enable_shared_from_this<ShmEndpoint> {
  public:
   ShmEndpoint(ThreadPool& pool, std::shared_ptr<const SegmentDescriptor> desc,
-              std::weak_ptr<Segment> segment, std::string name, const char* transport)
+              std::weak_ptr<Segment> segment, std::string name, const char* transport,
+              Access access, Millis timeout)
       : pool_(pool),
         desc_(std::move(desc)),
         segment_(std::move(segment)),
         name_(std::move(name)),
-        transport_(transport) {
+        transport_(transport),
+        access_(access),
+        timeout_(timeout) {
     pidfd_ = static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(desc_->pid), 0));
   }
 
@@ -92,11 +147,25 @@ class ShmEndpoint : public Endpoint, public std::enable_shared_from_this<ShmEndp
       return Status::OutOfRange(
           fmt::format("0x{:x}+{} is not registered at {}", t.remote, t.length, name_));
     }
-    if (const int32_t memfd = DecodeMemfd(desc_->BlobOf(*r, transport_)); memfd >= 0) {
+    if (const int32_t memfd = DecodeMemfd(desc_->BlobOf(*r, transport_));
+        memfd >= 0 && access_.fds) {
       auto base = Map(*r, memfd);
-      if (!base.ok()) return base.status();
-      CopyTask(t, base.value() + (t.remote - r->addr));
-      return Status::Ok();
+      if (base.ok()) {
+        CopyTask(t, base.value() + (t.remote - r->addr));
+        return Status::Ok();
+      }
+      if (base.status().code() == StatusCode::kNotFound) {
+        if (auto seg = segment_.lock()) seg->MarkStale();  // freed since: refetch
+        return base.status();
+      }
+      if (!access_.process_vm) return base.status();
+      // Otherwise the same bytes go through process_vm.
+    }
+    if (!access_.process_vm) {
+      // CanReach said otherwise of the descriptor this endpoint was made from.
+      return Status::Unavailable(
+          fmt::format("0x{:x}+{} at {} is not memfd memory that shm can map", t.remote, t.length,
+                      name_));
     }
     return CrossProcess(t);
   }
@@ -113,7 +182,8 @@ class ShmEndpoint : public Endpoint, public std::enable_shared_from_this<ShmEndp
     std::lock_guard lk(mu_);
     auto it = maps_.find(r.addr);
     if (it != maps_.end()) return it->second.base;
-    FERRY_ASSIGN_OR_RETURN(char* p, MapPeerMemfd(desc_->pid, memfd, r.length));
+    FERRY_ASSIGN_OR_RETURN(char* p,
+                           MapPeerMemfd(*desc_, {memfd, r.addr, r.serial, r.length}, timeout_));
     maps_[r.addr] = {p, r.length};
     return p;
   }
@@ -147,6 +217,8 @@ class ShmEndpoint : public Endpoint, public std::enable_shared_from_this<ShmEndp
   const std::weak_ptr<Segment> segment_;
   const std::string name_;
   const char* const transport_;  // our registered name: whose blobs to read
+  const Access access_;
+  const Millis timeout_;  // for each memfd request
   int pidfd_ = -1;
   std::atomic<bool> closed_{false};
   std::mutex mu_;
@@ -166,16 +238,26 @@ class ShmTransport : public Transport {
 
   const TransportCaps& caps() const override { return caps_; }
 
-  // process_vm_readv/writev from same-host peers needs ptrace permission
-  // under Yama.
+  // Serves this engine's memfds to same-host peers. Without the socket,
+  // peers reach this process only where the kernel lets them trace it.
   Status Offer() override {
-    prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+    auto server = MemfdServer::Start(ctx_.registry, ctx_.options.connect_timeout);
+    if (server.ok()) {
+      server_ = std::move(server).value();
+    } else {
+      FERRY_LOG_WARN("shm: {}; same-host peers map no memfd of this engine",
+                     server.status().ToString());
+    }
     return Status::Ok();
   }
 
+  std::string DescribeSegment() override { return server_ ? server_->blob() : std::string(); }
+
+  // Besides the descriptor, asks the kernel once per descriptor whether
+  // process_vm may read the peer.
   bool CanReach(const Segment& segment) const override {
     auto d = segment.descriptor();
-    return d && d->Offers(kName) && d->host_id == HostIdentity();
+    return d && d->Offers(kName) && d->host_id == HostIdentity() && AccessTo(segment, d).reach;
   }
 
   // Engine-allocated memory is mapped by its memfd; the rest needs nothing.
@@ -184,13 +266,47 @@ class ShmTransport : public Transport {
   }
 
   Result<std::shared_ptr<Endpoint>> Connect(const std::shared_ptr<Segment>& segment) override {
-    return std::shared_ptr<Endpoint>(std::make_shared<ShmEndpoint>(
-        ctx_.copy_pool, segment->descriptor(), segment, segment->name(), kName));
+    auto d = segment->descriptor();
+    return std::shared_ptr<Endpoint>(
+        std::make_shared<ShmEndpoint>(ctx_.copy_pool, d, segment, segment->name(), kName,
+                                      AccessTo(*segment, d), ctx_.options.connect_timeout));
   }
 
  private:
+  // Assessed once per descriptor: a submit costs one lookup. The first time
+  // a peer's process cannot be reached whole, says so and why.
+  Access AccessTo(const Segment& segment, const std::shared_ptr<const SegmentDescriptor>& d) const {
+    {
+      std::shared_lock lk(mu_);
+      auto it = verdicts_.find(d.get());
+      if (it != verdicts_.end() && it->second.of.lock() == d) return it->second.access;
+    }
+    std::string why;
+    const Access a = Assess(*d, kName, &why);
+    std::lock_guard lk(mu_);
+    std::erase_if(verdicts_, [](const auto& v) { return v.second.of.expired(); });
+    verdicts_[d.get()] = {d, a};
+    if (!a.reach) {
+      if (told_.size() >= 1024) told_.clear();
+      if (told_.insert(d->epoch).second) {
+        FERRY_LOG_WARN("shm: {} (pid {}) is reached over another transport: {}", segment.name(),
+                       d->pid, why);
+      }
+    }
+    return a;
+  }
+
+  struct Verdict {
+    std::weak_ptr<const SegmentDescriptor> of;
+    Access access;
+  };
+
   EngineContext& ctx_;
   TransportCaps caps_;
+  std::unique_ptr<MemfdServer> server_;  // null when its socket could not be made
+  mutable std::shared_mutex mu_;
+  mutable std::map<const SegmentDescriptor*, Verdict> verdicts_;  // guarded by mu_
+  mutable std::set<uint64_t> told_;  // epochs logged as unreachable; guarded by mu_
 };
 
 }  // namespace
