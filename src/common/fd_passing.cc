@@ -9,9 +9,13 @@ namespace ferry {
 
 ssize_t SendWithFd(int sock, const void* data, size_t n, int fd) {
   iovec iov{const_cast<void*>(data), n};
+  return SendWithFd(sock, &iov, 1, fd);
+}
+
+ssize_t SendWithFd(int sock, const iovec* iov, size_t count, int fd) {
   msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
+  msg.msg_iov = const_cast<iovec*>(iov);
+  msg.msg_iovlen = count;
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
   if (fd >= 0) {
     msg.msg_control = control;

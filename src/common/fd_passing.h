@@ -3,6 +3,7 @@
 #pragma once
 
 #include <sys/types.h>
+#include <sys/uio.h>
 
 #include <cstddef>
 #include <vector>
@@ -13,6 +14,8 @@ namespace ferry {
 // fd goes with the first byte sent; the caller still owns its copy). As
 // sendmsg with MSG_DONTWAIT | MSG_NOSIGNAL: the bytes sent, or -1 and errno.
 ssize_t SendWithFd(int sock, const void* data, size_t n, int fd);
+// The same, gathering the bytes from `count` buffers.
+ssize_t SendWithFd(int sock, const iovec* iov, size_t count, int fd);
 
 // Receives up to `n` bytes into `data`, appending the fds that came with them
 // to `fds`, close-on-exec; the caller owns them. As recvmsg with

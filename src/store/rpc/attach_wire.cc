@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "common/bytes.h"
+#include "common/fd_passing.h"
 
 namespace ferry::store::attach {
 namespace {
@@ -43,27 +44,11 @@ void CloseFds(const std::vector<int>& fds) {
 // Reads exactly `n` bytes, collecting any passed fds into `fds`.
 Status ReadAll(int sock, uint8_t* dst, size_t n, Deadline deadline, std::vector<int>* fds) {
   while (n > 0) {
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
-    iovec iov{dst, n};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    ssize_t r = recvmsg(sock, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    ssize_t r = ReceiveWithFds(sock, dst, n, fds);
+    if (r < 0 && errno == EMSGSIZE) {
+      return Status::ProtocolError("too many file descriptors in one frame");
+    }
     if (r > 0) {
-      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-        const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < count; ++i) {
-          int fd;
-          std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-          fds->push_back(fd);
-        }
-      }
-      if (msg.msg_flags & MSG_CTRUNC) {
-        return Status::ProtocolError("too many file descriptors in one frame");
-      }
       dst += r;
       n -= static_cast<size_t>(r);
       continue;
@@ -113,20 +98,7 @@ Status Send(int sock, Type type, uint64_t id, uint32_t deadline_ms, StatusCode c
       cur[n++] = {static_cast<uint8_t*>(v.iov_base) + s, v.iov_len - s};
       s = 0;
     }
-    msghdr msg{};
-    msg.msg_iov = cur;
-    msg.msg_iovlen = static_cast<size_t>(n);
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-    if (!fd_sent) {
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof(control);
-      cmsghdr* c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-    }
-    ssize_t r = sendmsg(sock, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    ssize_t r = SendWithFd(sock, cur, static_cast<size_t>(n), fd_sent ? -1 : fd);
     if (r > 0) {
       skip += static_cast<size_t>(r);
       fd_sent = true;
