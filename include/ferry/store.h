@@ -113,6 +113,12 @@ struct StoreOptions {
   // the values a Put/Get of memory outside AllocateBuffer can move at once.
   uint64_t attach_staging = 64ull << 20;
   AttachReadiness attach_readiness = AttachReadiness::kSynchronize;
+  // The cluster secret's file (mode 0600), shared by the deployment: proven
+  // on every master call, to every node's engine (and to the engine here,
+  // unless engine.auth_key_file names another), and, attached, to the node.
+  // The in-process master, if any, requires it. Empty: env
+  // FERRY_AUTH_KEY_FILE; neither: no authentication.
+  std::string auth_key_file;
 };
 
 // A caller's buffer for PutFrom/GetInto.
@@ -159,7 +165,8 @@ class Store {
 
   // Starts the engine, the in-process master if needed, and the embedded node,
   // which must mount before this returns. Unavailable if the master cannot be
-  // reached within rpc_timeout.
+  // reached within rpc_timeout; Unauthenticated if it refuses this process's
+  // secret (or its lack of one); InvalidArgument for a bad key file.
   static Result<std::unique_ptr<Store>> Create(StoreOptions options);
   // Attaches to the `ferry node --socket` listening at `socket_path`. Uses
   // options.rpc_timeout (the deadline of each call) and attach_staging; the

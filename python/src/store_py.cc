@@ -149,11 +149,12 @@ class PyStore {
 std::unique_ptr<PyStore> CreateStore(const std::string& master, uint64_t local_memory,
                                      uint32_t replicas, bool prefer_local, const std::string& host,
                                      int port, const std::string& transport, int64_t rpc_timeout_ms,
-                                     int64_t lease_ms, int64_t put_timeout_ms,
-                                     int64_t node_ttl_ms) {
+                                     int64_t lease_ms, int64_t put_timeout_ms, int64_t node_ttl_ms,
+                                     const std::string& auth_key_file) {
   if (port < 0 || port > 65535) RaiseInvalid("port must be in [0, 65535]");
   ferry::StoreOptions o;
   o.master = master;
+  o.auth_key_file = auth_key_file;
   o.local_memory = local_memory;
   o.replicas = replicas;
   o.prefer_local = prefer_local;
@@ -204,7 +205,7 @@ void RegisterStore(py::module_& m) {
                   py::arg("prefer_local") = true, py::arg("host") = "127.0.0.1",
                   py::arg("port") = 0, py::arg("transport") = "", py::arg("rpc_timeout_ms") = 0,
                   py::arg("lease_ms") = 0, py::arg("put_timeout_ms") = 0,
-                  py::arg("node_ttl_ms") = 0)
+                  py::arg("node_ttl_ms") = 0, py::arg("auth_key_file") = "")
       .def_static("attach", &AttachStore, py::arg("path"), py::arg("rpc_timeout_ms") = 0,
                   py::arg("staging_bytes") = 0, py::arg("readiness") = 0)
       .def("close", &PyStore::Close)

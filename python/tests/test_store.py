@@ -328,3 +328,19 @@ def test_remove_all(store):
     assert store.remove_all() == 5
     assert store.stats()["objects"] == 0
     assert store.remove_all(force=True) == 0
+
+
+def test_cluster_secret(tmp_path):
+    key = tmp_path / "key"
+    key.write_bytes(b"this cluster's secret: 32 bytes!\n")
+    key.chmod(0o600)
+    with ferry.Store(local_memory=8 << 20, auth_key_file=str(key)) as owner:
+        owner.put("k", b"proved")
+        assert owner.get("k") == b"proved"
+        # A pure client of its master without the secret is refused.
+        with ferry.Store(owner.master_address, local_memory=0) as stranger:
+            with pytest.raises(ferry.Unauthenticated, match="cluster secret"):
+                stranger.get("k")
+    key.chmod(0o640)
+    with pytest.raises(ferry.InvalidArgument, match="group or others"):
+        ferry.Store(local_memory=8 << 20, auth_key_file=str(key))

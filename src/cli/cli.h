@@ -65,6 +65,7 @@ struct MasterArgs {
   double low_watermark = 0.80;
   int shards = 16;
   uint64_t max_object_size = 1ull << 32;
+  std::string auth_key_file;  // the cluster secret; empty: FERRY_AUTH_KEY_FILE, if set
   // Lines printed once on stderr at start: the Mooncake flags that were
   // accepted but mean nothing in Ferry (ApplyMooncakeMasterFlags).
   std::vector<std::string> notices;
@@ -99,6 +100,9 @@ struct NodeArgs {
   int64_t heartbeat_ms = 1000;
   std::string socket;               // serve attached applications here, if set
   std::vector<uint32_t> allow_uids;  // may attach besides this uid and root
+  // The cluster secret, for the engine, the master calls and the socket;
+  // empty: FERRY_AUTH_KEY_FILE, if set.
+  std::string auth_key_file;
 };
 int Node(const NodeArgs& args);
 
@@ -122,6 +126,7 @@ struct StoreArgs {
   std::string key;
   std::string file;  // put: input ("-": stdin); get: output (empty or "-": stdout)
   bool force = false;
+  std::string auth_key_file;  // the cluster secret; empty: FERRY_AUTH_KEY_FILE, if set
 };
 int StoreCommand(const StoreArgs& args);
 int BenchStoreLatency(const StoreArgs& args, uint64_t size, int iterations);
@@ -137,9 +142,11 @@ void BlockStopSignals();
 int WaitForStopSignal(bool or_usr1 = false);
 
 // For commands that serve until SIGTERM: blocks the stop signals, then makes
-// an engine listening on host:port. On failure says why on stderr, prefixed
-// by `who`, and returns null.
+// an engine listening on host:port, whose peers prove the secret in
+// `auth_key_file` (empty: FERRY_AUTH_KEY_FILE, if set). On failure says why
+// on stderr, prefixed by `who`, and returns null.
 std::unique_ptr<Engine> StartServingEngine(const char* who, const std::string& host, uint16_t port,
-                                           const std::string& transport);
+                                           const std::string& transport,
+                                           const std::string& auth_key_file = "");
 
 }  // namespace ferry::cli

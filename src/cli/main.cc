@@ -54,12 +54,14 @@ int WaitForStopSignal(bool or_usr1) {
 }
 
 std::unique_ptr<Engine> StartServingEngine(const char* who, const std::string& host, uint16_t port,
-                                           const std::string& transport) {
+                                           const std::string& transport,
+                                           const std::string& auth_key_file) {
   BlockStopSignals();  // before the engine starts its threads, so they inherit it
   EngineOptions o;
   o.host = host;
   o.port = port;
   o.transport = transport;
+  o.auth_key_file = auth_key_file;
   auto engine = Engine::Create(o);
   if (!engine.ok()) {
     std::fprintf(stderr, "%s: %s\n", who, engine.status().ToString().c_str());
@@ -154,6 +156,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1.0));
   m->add_option("--shards", ma.shards, "Metadata shards")->check(CLI::Range(1, 4096));
   m->add_option("--max-object-size", ma_max, "Largest value accepted");
+  m->add_option("--auth-key-file", ma.auth_key_file,
+                "Cluster secret file (mode 0600); default $FERRY_AUTH_KEY_FILE");
   // Mooncake's `mooncake_master` spellings, mapped by ApplyMooncakeMasterFlags.
   std::vector<std::pair<std::string, std::string>> ma_mooncake;
   for (const MooncakeFlag& f : MooncakeMasterFlags()) {
@@ -180,6 +184,9 @@ int main(int argc, char** argv) {
                 "Serve the applications of this host on this Unix socket path (mode 0600)");
   n->add_option("--allow-uid", na.allow_uids,
                 "A uid that may attach besides this one and root (repeatable)");
+  n->add_option("--auth-key-file", na.auth_key_file,
+                "Cluster secret (mode 0600) for the engine, the master and the socket; "
+                "default $FERRY_AUTH_KEY_FILE");
 
   BenchStoreArgs bs;
   std::string bs_value = "4MiB";
@@ -203,6 +210,8 @@ int main(int argc, char** argv) {
   sc->add_option("--socket", sa.socket, "Or the attach socket of this host's node");
   sc->add_option("--timeout-ms", sa.timeout_ms, "Deadline of each call")
       ->check(CLI::Range(int64_t{1}, int64_t{600000}));
+  sc->add_option("--auth-key-file", sa.auth_key_file,
+                 "Cluster secret (mode 0600); default $FERRY_AUTH_KEY_FILE");
   auto* sc_put = sc->add_subcommand("put", "Store FILE (- for stdin) under KEY");
   sc_put->add_option("key", sa.key)->required();
   sc_put->add_option("file", sa.file)->required();

@@ -248,6 +248,7 @@ int Master(const MasterArgs& args) {
   o.master.low_watermark = args.low_watermark;
   o.master.shards = args.shards;
   o.master.max_object_size = args.max_object_size;
+  o.auth_key_file = args.auth_key_file;
   auto server = store::MasterServer::Start(o);
   if (!server.ok()) {
     std::fprintf(stderr, "ferry master: %s\n", server.status().ToString().c_str());

@@ -8,19 +8,28 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli.h"
+#include "common/auth.h"
 #include "store/node/core.h"
 #include "store/node/attach_server.h"
 
 namespace ferry::cli {
 
 int Node(const NodeArgs& args) {
-  auto engine = StartServingEngine("ferry node", args.host, args.port, args.transport);
+  auto engine =
+      StartServingEngine("ferry node", args.host, args.port, args.transport, args.auth_key_file);
   if (!engine) return 1;
+  // The engine has checked the file already; read once here for the rest.
+  auto key = auth::LoadConfigured(args.auth_key_file);
+  if (!key.ok()) {
+    std::fprintf(stderr, "ferry node: %s\n", key.status().ToString().c_str());
+    return 1;
+  }
   store::NodeOptions no;
   no.master = args.master;
   no.segment_size = args.segment_size;
   no.segments = args.segments;
   no.heartbeat = Millis(args.heartbeat_ms);
+  no.key = key.value();
   // A node outlives master restarts: it keeps trying to mount.
   auto node = store::StoreNode::Start(*engine, no, /*wait_for_mount=*/false);
   if (!node.ok()) {
@@ -32,7 +41,7 @@ int Node(const NodeArgs& args) {
   std::unique_ptr<store::StoreCore> core;
   std::unique_ptr<store::AttachServer> server;
   if (!args.socket.empty()) {
-    auto c = store::MasterClient::Connect(args.master, no.rpc_timeout);
+    auto c = store::MasterClient::Connect(args.master, no.rpc_timeout, key.value());
     if (!c.ok()) {
       std::fprintf(stderr, "ferry node: %s\n", c.status().ToString().c_str());
       return 1;

@@ -58,6 +58,7 @@ Result<std::unique_ptr<Store>> Open(const StoreArgs& a) {
   o.rpc_timeout = std::chrono::milliseconds(a.timeout_ms);
   o.master = a.master;
   o.local_memory = 0;  // a pure client: it contributes nothing
+  o.auth_key_file = a.auth_key_file;
   return a.socket.empty() ? Store::Create(o) : Store::Attach(a.socket, o);
 }
 

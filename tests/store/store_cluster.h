@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <httplib.h>
 
 #include <string>
 #include <thread>
@@ -51,6 +52,19 @@ bool Eventually(F&& cond, Millis limit = Millis(15000)) {
     std::this_thread::sleep_for(Millis(20));
   }
   return true;
+}
+
+// Reads a counter from the master's /metrics; -1 when unreadable.
+inline int64_t Metric(int http_port, const std::string& name) {
+  httplib::Client http("127.0.0.1", http_port);
+  http.set_connection_timeout(5);
+  http.set_read_timeout(5);
+  auto r = http.Get("/metrics");
+  if (!r) return -1;
+  const std::string needle = "\n" + name + " ";
+  size_t at = r->body.find(needle);
+  if (at == std::string::npos) return -1;
+  return std::stoll(r->body.substr(at + needle.size()));
 }
 
 inline std::vector<uint8_t> Pattern(size_t n, uint64_t seed) {

@@ -107,19 +107,6 @@ TEST(Store, EvictionKeepsPutsSucceedingUnderMemoryPressure) {
   }
 }
 
-// Reads a counter from the master's /metrics; -1 when unreadable.
-int64_t Metric(int http_port, const std::string& name) {
-  httplib::Client http("127.0.0.1", http_port);
-  http.set_connection_timeout(5);
-  http.set_read_timeout(5);
-  auto r = http.Get("/metrics");
-  if (!r) return -1;
-  const std::string needle = "\n" + name + " ";
-  size_t at = r->body.find(needle);
-  if (at == std::string::npos) return -1;
-  return std::stoll(r->body.substr(at + needle.size()));
-}
-
 // A slow reader: the lookup grants a lease, the reader sleeps, and meanwhile
 // the key is force-removed and the memory refilled with other values. The
 // read never returns another value: while the lease outlasts the reader it

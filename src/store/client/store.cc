@@ -9,6 +9,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "common/auth.h"
 #include "store/client/store_impl.h"
 #include "store/client/testing.h"
 #include "store/master/service.h"
@@ -30,9 +31,12 @@ class EmbeddedStore final : public Store::Impl {
       return Status::InvalidArgument("replicas must be at least 1");
     }
     auto s = std::make_unique<EmbeddedStore>();
+    FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const auth::Key> key,
+                           auth::LoadConfigured(options.auth_key_file));
     if (options.master.empty()) {
       store::MasterServerOptions mo;
       mo.http_port = -1;
+      mo.auth_key_file = options.auth_key_file;
       mo.master.lease = options.lease;
       mo.master.put_timeout = options.put_timeout;
       mo.master.node_ttl = options.node_ttl;
@@ -41,15 +45,18 @@ class EmbeddedStore final : public Store::Impl {
     } else {
       s->master_address_ = options.master;
     }
-    FERRY_ASSIGN_OR_RETURN(s->engine_, Engine::Create(options.engine));
-    FERRY_ASSIGN_OR_RETURN(s->client_,
-                           store::MasterClient::Connect(s->master_address_, options.rpc_timeout));
+    EngineOptions eo = options.engine;
+    if (eo.auth_key_file.empty()) eo.auth_key_file = options.auth_key_file;
+    FERRY_ASSIGN_OR_RETURN(s->engine_, Engine::Create(std::move(eo)));
+    FERRY_ASSIGN_OR_RETURN(
+        s->client_, store::MasterClient::Connect(s->master_address_, options.rpc_timeout, key));
     if (options.local_memory > 0) {
       store::NodeOptions no;
       no.master = s->master_address_;
       no.segment_size = options.local_memory;
       no.heartbeat = options.heartbeat;
       no.rpc_timeout = options.rpc_timeout;
+      no.key = key;
       FERRY_ASSIGN_OR_RETURN(s->node_, store::StoreNode::Start(*s->engine_, no, true));
     }
     s->core_ = std::make_unique<store::StoreCore>(

@@ -46,6 +46,9 @@ struct MasterStats {
   uint64_t gets = 0, get_misses = 0, exists = 0, removes = 0;
   uint64_t evicted_objects = 0, evicted_bytes = 0, sync_evictions = 0;
   uint64_t nodes_expired = 0, replicas_dropped = 0;
+  // Calls refused for not proving the cluster secret; counted by the
+  // service (MasterServer), not by Master, which leaves it 0.
+  uint64_t auth_failures = 0;
 };
 
 class Master {

@@ -5,8 +5,10 @@
 
 #include <thread>
 
+#include "common/host.h"
 #include "common/log.h"
 #include "proto/store.grpc.pb.h"
+#include "store/rpc/call_auth.h"
 #include "store/rpc/proto_util.h"
 
 namespace ferry::store {
@@ -60,11 +62,14 @@ grpc::Status Guard(const char* what, F&& f) {
 
 class Service final : public pb::Master::Service {
  public:
-  explicit Service(Master& m) : m_(m) {}
+  // `checker` (null: no cluster secret) outlives the service.
+  Service(Master& m, CallTokenChecker* checker) : m_(m), checker_(checker) {}
 
-  grpc::Status Mount(grpc::ServerContext*, const pb::MountRequest* req,
+  uint64_t auth_failures() const { return refused_.load(std::memory_order_relaxed); }
+
+  grpc::Status Mount(grpc::ServerContext* ctx, const pb::MountRequest* req,
                      pb::MountResponse* resp) override {
-    return Guard("Mount", [&] {
+    return Serve(ctx, "Mount", [&] {
       std::vector<Region> regions;
       if (req->regions_size() > static_cast<int>(Space::kMaxRegions)) {
         return BadRequest("too many regions");
@@ -76,25 +81,25 @@ class Service final : public pb::Master::Service {
     });
   }
 
-  grpc::Status Heartbeat(grpc::ServerContext*, const pb::NodeRequest* req,
+  grpc::Status Heartbeat(grpc::ServerContext* ctx, const pb::NodeRequest* req,
                          pb::NodeResponse* resp) override {
-    return Guard("Heartbeat", [&] {
+    return Serve(ctx, "Heartbeat", [&] {
       SetStatus(m_.Heartbeat(req->node()), resp->mutable_status());
       return grpc::Status::OK;
     });
   }
 
-  grpc::Status Unmount(grpc::ServerContext*, const pb::NodeRequest* req,
+  grpc::Status Unmount(grpc::ServerContext* ctx, const pb::NodeRequest* req,
                        pb::NodeResponse* resp) override {
-    return Guard("Unmount", [&] {
+    return Serve(ctx, "Unmount", [&] {
       SetStatus(m_.Unmount(req->node()), resp->mutable_status());
       return grpc::Status::OK;
     });
   }
 
-  grpc::Status PutBegin(grpc::ServerContext*, const pb::PutBeginRequest* req,
+  grpc::Status PutBegin(grpc::ServerContext* ctx, const pb::PutBeginRequest* req,
                         pb::PutBeginResponse* resp) override {
-    return Guard("PutBegin", [&] {
+    return Serve(ctx, "PutBegin", [&] {
       if (auto st = CheckCount(req->items_size()); !st.ok()) return st;
       const std::string client = req->prefer_local() ? req->client_node() : std::string();
       for (const auto& item : req->items()) {
@@ -121,9 +126,9 @@ class Service final : public pb::Master::Service {
     });
   }
 
-  grpc::Status PutEnd(grpc::ServerContext*, const pb::PutEndRequest* req,
+  grpc::Status PutEnd(grpc::ServerContext* ctx, const pb::PutEndRequest* req,
                       pb::StatusesResponse* resp) override {
-    return Guard("PutEnd", [&] {
+    return Serve(ctx, "PutEnd", [&] {
       if (auto st = CheckCount(req->items_size()); !st.ok()) return st;
       for (const auto& item : req->items()) {
         SetStatus(m_.PutEnd(item.key(), item.put_id(), item.commit()), resp->add_results());
@@ -132,9 +137,9 @@ class Service final : public pb::Master::Service {
     });
   }
 
-  grpc::Status Get(grpc::ServerContext*, const pb::KeysRequest* req,
+  grpc::Status Get(grpc::ServerContext* ctx, const pb::KeysRequest* req,
                    pb::GetResponse* resp) override {
-    return Guard("Get", [&] {
+    return Serve(ctx, "Get", [&] {
       if (auto st = CheckCount(req->keys_size()); !st.ok()) return st;
       for (const auto& key : req->keys()) {
         auto* out = resp->add_results();
@@ -151,9 +156,9 @@ class Service final : public pb::Master::Service {
     });
   }
 
-  grpc::Status ReleaseLeases(grpc::ServerContext*, const pb::ReleaseRequest* req,
+  grpc::Status ReleaseLeases(grpc::ServerContext* ctx, const pb::ReleaseRequest* req,
                              pb::StatusesResponse* resp) override {
-    return Guard("ReleaseLeases", [&] {
+    return Serve(ctx, "ReleaseLeases", [&] {
       if (auto st = CheckCount(req->items_size()); !st.ok()) return st;
       for (const auto& item : req->items()) {
         SetStatus(m_.ReleaseLease(item.key(), item.lease_id()), resp->add_results());
@@ -162,18 +167,18 @@ class Service final : public pb::Master::Service {
     });
   }
 
-  grpc::Status Exists(grpc::ServerContext*, const pb::KeysRequest* req,
+  grpc::Status Exists(grpc::ServerContext* ctx, const pb::KeysRequest* req,
                       pb::ExistsResponse* resp) override {
-    return Guard("Exists", [&] {
+    return Serve(ctx, "Exists", [&] {
       if (auto st = CheckCount(req->keys_size()); !st.ok()) return st;
       for (const auto& key : req->keys()) SetStatus(m_.Exists(key), resp->add_results());
       return grpc::Status::OK;
     });
   }
 
-  grpc::Status Remove(grpc::ServerContext*, const pb::RemoveRequest* req,
+  grpc::Status Remove(grpc::ServerContext* ctx, const pb::RemoveRequest* req,
                       pb::StatusesResponse* resp) override {
-    return Guard("Remove", [&] {
+    return Serve(ctx, "Remove", [&] {
       if (auto st = CheckCount(req->keys_size()); !st.ok()) return st;
       for (const auto& key : req->keys()) {
         SetStatus(m_.Remove(key, req->force()), resp->add_results());
@@ -182,9 +187,9 @@ class Service final : public pb::Master::Service {
     });
   }
 
-  grpc::Status Pin(grpc::ServerContext*, const pb::PinRequest* req,
+  grpc::Status Pin(grpc::ServerContext* ctx, const pb::PinRequest* req,
                    pb::StatusesResponse* resp) override {
-    return Guard("Pin", [&] {
+    return Serve(ctx, "Pin", [&] {
       if (auto st = CheckCount(req->items_size()); !st.ok()) return st;
       for (const auto& item : req->items()) {
         Status st = CheckPin(item.kind(), item.ttl_ms());
@@ -197,17 +202,17 @@ class Service final : public pb::Master::Service {
     });
   }
 
-  grpc::Status RemoveAll(grpc::ServerContext*, const pb::RemoveAllRequest* req,
+  grpc::Status RemoveAll(grpc::ServerContext* ctx, const pb::RemoveAllRequest* req,
                          pb::RemoveAllResponse* resp) override {
-    return Guard("RemoveAll", [&] {
+    return Serve(ctx, "RemoveAll", [&] {
       resp->set_removed(m_.RemoveAll(req->force()));
       return grpc::Status::OK;
     });
   }
 
-  grpc::Status Stats(grpc::ServerContext*, const pb::StatsRequest*,
+  grpc::Status Stats(grpc::ServerContext* ctx, const pb::StatsRequest*,
                      pb::StatsResponse* resp) override {
-    return Guard("Stats", [&] {
+    return Serve(ctx, "Stats", [&] {
       const MasterStats s = m_.Stats();
       resp->set_capacity(s.space.capacity);
       resp->set_used(s.space.used);
@@ -218,7 +223,34 @@ class Service final : public pb::Master::Service {
   }
 
  private:
+  // Runs a handler once the call's token checks out (with a secret).
+  template <typename F>
+  grpc::Status Serve(grpc::ServerContext* ctx, const char* method, F&& f) {
+    if (checker_ != nullptr) {
+      const auto& md = ctx->client_metadata();
+      auto it = md.find(kTokenHeader);
+      std::string_view token;
+      if (it != md.end()) token = std::string_view(it->second.data(), it->second.size());
+      Status st = checker_->Check(method, it == md.end() ? nullptr : &token);
+      if (!st.ok()) {
+        refused_.fetch_add(1, std::memory_order_relaxed);
+        if (uint64_t held = 0; log_.Allow(&held)) {
+          FERRY_LOG_WARN("master: refusing {} from {}: {}{}", method, ctx->peer(), st.message(),
+                         held == 0 ? "" : fmt::format(" ({} more refused since)", held));
+        }
+        return grpc::Status(st.code() == StatusCode::kResourceExhausted
+                                ? grpc::StatusCode::RESOURCE_EXHAUSTED
+                                : grpc::StatusCode::UNAUTHENTICATED,
+                            st.message());
+      }
+    }
+    return Guard(method, std::forward<F>(f));
+  }
+
   Master& m_;
+  CallTokenChecker* const checker_;
+  std::atomic<uint64_t> refused_{0};
+  log::RateLimit log_{Millis(1000)};
 };
 
 }  // namespace
@@ -251,13 +283,24 @@ std::string MetricsText(const MasterStats& s) {
       s.nodes_expired);
   add("store_replicas_dropped_total", "counter", "Replicas lost with their node.",
       s.replicas_dropped);
+  add("store_auth_failures_total", "counter", "Calls refused for not proving the cluster secret.",
+      s.auth_failures);
   return out;
 }
 
 class MasterServer::Impl {
  public:
-  explicit Impl(const MasterOptions& o) : master(o), service(master) {}
+  Impl(const MasterOptions& o, std::shared_ptr<const auth::Key> key)
+      : master(o),
+        checker(key ? std::make_unique<CallTokenChecker>(std::move(key)) : nullptr),
+        service(master, checker.get()) {}
+  MasterStats Stats() {
+    MasterStats s = master.Stats();
+    s.auth_failures = service.auth_failures();
+    return s;
+  }
   Master master;
+  std::unique_ptr<CallTokenChecker> checker;  // null without a secret
   Service service;
   std::unique_ptr<grpc::Server> server;
   std::string address;
@@ -278,13 +321,22 @@ MasterServer::~MasterServer() {
 
 const std::string& MasterServer::address() const { return impl_->address; }
 int MasterServer::http_port() const { return impl_->http_port; }
+uint64_t MasterServer::auth_failures() const { return impl_->service.auth_failures(); }
 
 Result<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterServerOptions& o) {
   if (o.master.low_watermark > o.master.high_watermark || o.master.high_watermark > 1.0 ||
       o.master.low_watermark < 0) {
     return Status::InvalidArgument("watermarks need 0 <= low <= high <= 1");
   }
-  auto impl = std::make_unique<Impl>(o.master);
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const auth::Key> key,
+                         auth::LoadConfigured(o.auth_key_file));
+  if (key == nullptr && !IsLoopbackHost(o.host)) {
+    FERRY_LOG_WARN(
+        "master: {} is not a loopback address and no cluster secret is set ({}): any process "
+        "that reaches it can read and change the store's metadata",
+        o.host, auth::kKeyFileEnv);
+  }
+  auto impl = std::make_unique<Impl>(o.master, std::move(key));
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(o.host + ":" + std::to_string(o.port), grpc::InsecureServerCredentials(),
@@ -308,7 +360,7 @@ Result<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterServerOpti
   if (o.http_port >= 0) {
     Impl* raw = impl.get();
     raw->http.Get("/metrics", [raw](const httplib::Request&, httplib::Response& res) {
-      res.set_content(MetricsText(raw->master.Stats()), "text/plain; version=0.0.4");
+      res.set_content(MetricsText(raw->Stats()), "text/plain; version=0.0.4");
     });
     raw->http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
       res.set_content("ok\n", "text/plain");

@@ -18,6 +18,11 @@ struct MasterServerOptions {
   uint16_t port = 0;  // gRPC; 0 picks a free port
   int http_port = 0;  // 0 picks a free port, -1 serves no HTTP
   MasterOptions master;
+  // The cluster secret's file: every gRPC call must carry a token made with
+  // it (store/rpc/call_auth.h), or is refused with UNAUTHENTICATED. Empty:
+  // env FERRY_AUTH_KEY_FILE; neither: no authentication. HTTP (/metrics,
+  // /health: counts, no data) is never authenticated.
+  std::string auth_key_file;
 };
 
 class MasterServer {
@@ -25,13 +30,17 @@ class MasterServer {
   // Most items one request may carry.
   static constexpr int kMaxBatch = store::kMaxBatch;
 
-  // Binds and starts serving. Unavailable when a port cannot be bound.
+  // Binds and starts serving. Unavailable when a port cannot be bound;
+  // InvalidArgument for a key file that is missing, empty, too short or
+  // readable by group or others.
   static Result<std::unique_ptr<MasterServer>> Start(const MasterServerOptions& options);
   // Stops serving; in-flight calls get up to a second to finish.
   ~MasterServer();
 
   const std::string& address() const;  // "host:port" of the gRPC service
   int http_port() const;               // -1 when not serving HTTP
+  // Calls refused for the cluster secret since Start. Never blocks.
+  uint64_t auth_failures() const;
 
   class Impl;
 

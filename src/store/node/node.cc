@@ -20,7 +20,8 @@ Result<std::unique_ptr<StoreNode>> StoreNode::Start(Engine& engine, const NodeOp
   if (options.heartbeat.count() <= 0) {
     return Status::InvalidArgument("heartbeat period must be positive");
   }
-  FERRY_ASSIGN_OR_RETURN(auto client, MasterClient::Connect(options.master, options.rpc_timeout));
+  FERRY_ASSIGN_OR_RETURN(auto client,
+                         MasterClient::Connect(options.master, options.rpc_timeout, options.key));
   std::unique_ptr<StoreNode> node(new StoreNode(engine, options, std::move(client)));
   for (int i = 0; i < options.segments; ++i) {
     FERRY_ASSIGN_OR_RETURN(void* p, engine.AllocateMemory(options.segment_size));
@@ -30,7 +31,7 @@ Result<std::unique_ptr<StoreNode>> StoreNode::Start(Engine& engine, const NodeOp
   }
   Status first = node->MountOnce();
   if (!first.ok()) {
-    if (wait_for_mount) return first;
+    if (wait_for_mount || first.code() == StatusCode::kUnauthenticated) return first;
     FERRY_LOG_WARN("node {}: first mount failed, retrying: {}", engine.name(), first.ToString());
   }
   node->ticker_->Start();

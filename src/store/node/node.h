@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/auth.h"
 #include "common/clock.h"
 #include "common/ticker.h"
 #include "ferry/engine.h"
@@ -22,13 +23,16 @@ struct NodeOptions {
   int segments = 1;                     // regions, each one AllocateMemory buffer
   Millis heartbeat{1000};               // period; also capped at a third of the master's TTL
   Millis rpc_timeout{2000};
+  std::shared_ptr<const auth::Key> key = nullptr;  // proven to the master on each call; null: none
 };
 
 class StoreNode {
  public:
   // Allocates the regions from `engine` (which must outlive the node) and
   // starts the session with the master. With wait_for_mount, fails unless the
-  // first mount succeeds; otherwise keeps trying in the background.
+  // first mount succeeds; otherwise keeps trying in the background, unless
+  // the master refuses the node's secret (Unauthenticated): a configuration
+  // error, not a master that is away.
   static Result<std::unique_ptr<StoreNode>> Start(Engine& engine, const NodeOptions& options,
                                                   bool wait_for_mount);
   // Stops heartbeats, unmounts (bounded by rpc_timeout) and frees the memory.

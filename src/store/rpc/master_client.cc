@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "proto/store.grpc.pb.h"
+#include "store/rpc/call_auth.h"
 #include "store/rpc/limits.h"
 #include "store/rpc/proto_util.h"
 
@@ -15,21 +16,20 @@ namespace pb = ::ferry::store::v1;
 constexpr int kMaxReplicaExtents = static_cast<int>(kMaxExtents);
 constexpr int kMaxReplicas = 64;
 
+// The gRPC codes a caller acts on, as Ferry's; any other is Internal.
+constexpr std::pair<grpc::StatusCode, StatusCode> kGrpcCodes[] = {
+    {grpc::StatusCode::DEADLINE_EXCEEDED, StatusCode::kTimeout},
+    {grpc::StatusCode::INVALID_ARGUMENT, StatusCode::kInvalidArgument},
+    {grpc::StatusCode::UNAVAILABLE, StatusCode::kUnavailable},
+    {grpc::StatusCode::UNAUTHENTICATED, StatusCode::kUnauthenticated},
+    {grpc::StatusCode::RESOURCE_EXHAUSTED, StatusCode::kResourceExhausted},
+};
+
 Status FromGrpc(const grpc::Status& st, const char* call) {
   if (st.ok()) return Status::Ok();
-  StatusCode code = StatusCode::kUnavailable;
-  switch (st.error_code()) {
-    case grpc::StatusCode::DEADLINE_EXCEEDED:
-      code = StatusCode::kTimeout;
-      break;
-    case grpc::StatusCode::INVALID_ARGUMENT:
-      code = StatusCode::kInvalidArgument;
-      break;
-    case grpc::StatusCode::UNAVAILABLE:
-      code = StatusCode::kUnavailable;
-      break;
-    default:
-      code = StatusCode::kInternal;
+  StatusCode code = StatusCode::kInternal;
+  for (auto [theirs, ours] : kGrpcCodes) {
+    if (st.error_code() == theirs) code = ours;
   }
   return Status(code, std::string("master ") + call + ": " + st.error_message());
 }
@@ -83,9 +83,15 @@ Status CheckCount(int answered, size_t n) {
   return Status::Ok();
 }
 
-std::unique_ptr<grpc::ClientContext> Context(Millis timeout) {
+// A call's context: its deadline and, with a secret, its token.
+Result<std::unique_ptr<grpc::ClientContext>> Context(const auth::Key* key, Millis timeout,
+                                                     const char* method) {
   auto ctx = std::make_unique<grpc::ClientContext>();
   ctx->set_deadline(std::chrono::system_clock::now() + timeout);
+  if (key != nullptr) {
+    FERRY_ASSIGN_OR_RETURN(std::string token, MakeCallToken(*key, method));
+    ctx->AddMetadata(kTokenHeader, token);
+  }
   return ctx;
 }
 
@@ -101,8 +107,12 @@ Result<std::vector<Status>> Statuses(const Resp& resp, size_t n) {
 
 class MasterClient::Impl {
  public:
+  Result<std::unique_ptr<grpc::ClientContext>> Context(const char* method) const {
+    return store::Context(key.get(), timeout, method);
+  }
   std::unique_ptr<pb::Master::Stub> stub;
   Millis timeout;
+  std::shared_ptr<const auth::Key> key;  // null: no secret
 };
 
 MasterClient::MasterClient(std::string address, std::unique_ptr<Impl> impl)
@@ -110,7 +120,8 @@ MasterClient::MasterClient(std::string address, std::unique_ptr<Impl> impl)
 MasterClient::~MasterClient() = default;
 
 Result<std::unique_ptr<MasterClient>> MasterClient::Connect(const std::string& address,
-                                                            Millis rpc_timeout) {
+                                                            Millis rpc_timeout,
+                                                            std::shared_ptr<const auth::Key> key) {
   if (address.empty() || address.find(':') == std::string::npos) {
     return Status::InvalidArgument("master address must be host:port");
   }
@@ -123,6 +134,7 @@ Result<std::unique_ptr<MasterClient>> MasterClient::Connect(const std::string& a
   impl->stub = pb::Master::NewStub(
       grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
   impl->timeout = rpc_timeout;
+  impl->key = std::move(key);
   return std::unique_ptr<MasterClient>(new MasterClient(address, std::move(impl)));
 }
 
@@ -137,7 +149,7 @@ Status MasterClient::Mount(const std::string& node,
     r->set_size(size);
   }
   pb::MountResponse resp;
-  auto ctx = Context(impl_->timeout);
+  FERRY_ASSIGN_OR_RETURN(auto ctx, impl_->Context("Mount"));
   FERRY_RETURN_IF_ERROR(FromGrpc(impl_->stub->Mount(ctx.get(), req, &resp), "Mount"));
   *node_ttl = Millis(std::max<uint64_t>(resp.node_ttl_ms(), 10));
   return FromProto(resp.status());
@@ -148,23 +160,23 @@ namespace {
 using NodeRpc = grpc::Status (pb::Master::Stub::*)(grpc::ClientContext*, const pb::NodeRequest&,
                                                    pb::NodeResponse*);
 
-Status CallForNode(pb::Master::Stub& stub, NodeRpc rpc, const char* what, Millis timeout,
+Status CallForNode(const MasterClient::Impl& impl, NodeRpc rpc, const char* what,
                    const std::string& node) {
   pb::NodeRequest req;
   req.set_node(node);
   pb::NodeResponse resp;
-  auto ctx = Context(timeout);
-  FERRY_RETURN_IF_ERROR(FromGrpc((stub.*rpc)(ctx.get(), req, &resp), what));
+  FERRY_ASSIGN_OR_RETURN(auto ctx, impl.Context(what));
+  FERRY_RETURN_IF_ERROR(FromGrpc((impl.stub.get()->*rpc)(ctx.get(), req, &resp), what));
   return FromProto(resp.status());
 }
 }  // namespace
 
 Status MasterClient::Heartbeat(const std::string& node) {
-  return CallForNode(*impl_->stub, &pb::Master::Stub::Heartbeat, "Heartbeat", impl_->timeout, node);
+  return CallForNode(*impl_, &pb::Master::Stub::Heartbeat, "Heartbeat", node);
 }
 
 Status MasterClient::Unmount(const std::string& node) {
-  return CallForNode(*impl_->stub, &pb::Master::Stub::Unmount, "Unmount", impl_->timeout, node);
+  return CallForNode(*impl_, &pb::Master::Stub::Unmount, "Unmount", node);
 }
 
 // Runs `call(first, count)` over chunks of at most the master's batch limit.
@@ -198,7 +210,7 @@ Result<std::vector<Result<PutGrant>>> MasterClient::PutBegin(const std::vector<P
           it->set_pin_ttl_ms(static_cast<uint64_t>(items[i].pin_ttl.count()));
         }
         pb::PutBeginResponse resp;
-        auto ctx = Context(impl_->timeout);
+        FERRY_ASSIGN_OR_RETURN(auto ctx, impl_->Context("PutBegin"));
         FERRY_RETURN_IF_ERROR(FromGrpc(impl_->stub->PutBegin(ctx.get(), req, &resp), "PutBegin"));
         FERRY_RETURN_IF_ERROR(CheckCount(resp.results_size(), count));
         std::vector<Result<PutGrant>> out;
@@ -217,21 +229,21 @@ Result<std::vector<Result<PutGrant>>> MasterClient::PutBegin(const std::vector<P
 // i to a request, `rpc` is the stub method.
 template <typename Req, typename Resp, typename Fill>
 static Result<std::vector<Status>> StatusCall(
-    pb::Master::Stub& stub, Millis timeout, size_t n, const char* name, Fill&& fill,
+    const MasterClient::Impl& impl, size_t n, const char* name, Fill&& fill,
     grpc::Status (pb::Master::Stub::*rpc)(grpc::ClientContext*, const Req&, Resp*)) {
-  return Chunked<Status>(n, [&](size_t first, size_t count) {
+  return Chunked<Status>(n, [&](size_t first, size_t count) -> Result<std::vector<Status>> {
     Req req;
     for (size_t i = first; i < first + count; ++i) fill(req, i);
     Resp resp;
-    auto ctx = Context(timeout);
-    Status st = FromGrpc((stub.*rpc)(ctx.get(), req, &resp), name);
-    return st.ok() ? Statuses(resp, count) : Result<std::vector<Status>>(st);
+    FERRY_ASSIGN_OR_RETURN(auto ctx, impl.Context(name));
+    FERRY_RETURN_IF_ERROR(FromGrpc((impl.stub.get()->*rpc)(ctx.get(), req, &resp), name));
+    return Statuses(resp, count);
   });
 }
 
 Result<std::vector<Status>> MasterClient::PutEnd(const std::vector<store::PutEnd>& items) {
   return StatusCall(
-      *impl_->stub, impl_->timeout, items.size(), "PutEnd",
+      *impl_, items.size(), "PutEnd",
       [&](pb::PutEndRequest& req, size_t i) {
         auto* it = req.add_items();
         it->set_key(items[i].key);
@@ -247,7 +259,7 @@ Result<std::vector<Result<GetGrant>>> MasterClient::Get(const std::vector<std::s
         pb::KeysRequest req;
         for (size_t i = first; i < first + count; ++i) req.add_keys(keys[i]);
         pb::GetResponse resp;
-        auto ctx = Context(impl_->timeout);
+        FERRY_ASSIGN_OR_RETURN(auto ctx, impl_->Context("Get"));
         FERRY_RETURN_IF_ERROR(FromGrpc(impl_->stub->Get(ctx.get(), req, &resp), "Get"));
         FERRY_RETURN_IF_ERROR(CheckCount(resp.results_size(), count));
         std::vector<Result<GetGrant>> out;
@@ -265,7 +277,7 @@ Result<std::vector<Result<GetGrant>>> MasterClient::Get(const std::vector<std::s
 Result<std::vector<Status>> MasterClient::ReleaseLeases(
     const std::vector<std::pair<std::string, uint64_t>>& leases) {
   return StatusCall(
-      *impl_->stub, impl_->timeout, leases.size(), "ReleaseLeases",
+      *impl_, leases.size(), "ReleaseLeases",
       [&](pb::ReleaseRequest& req, size_t i) {
         auto* it = req.add_items();
         it->set_key(leases[i].first);
@@ -276,13 +288,13 @@ Result<std::vector<Status>> MasterClient::ReleaseLeases(
 
 Result<std::vector<Status>> MasterClient::Exists(const std::vector<std::string>& keys) {
   return StatusCall(
-      *impl_->stub, impl_->timeout, keys.size(), "Exists",
-      [&](pb::KeysRequest& req, size_t i) { req.add_keys(keys[i]); }, &pb::Master::Stub::Exists);
+      *impl_, keys.size(), "Exists", [&](pb::KeysRequest& req, size_t i) { req.add_keys(keys[i]); },
+      &pb::Master::Stub::Exists);
 }
 
 Result<std::vector<Status>> MasterClient::Remove(const std::vector<std::string>& keys, bool force) {
   return StatusCall(
-      *impl_->stub, impl_->timeout, keys.size(), "Remove",
+      *impl_, keys.size(), "Remove",
       [&](pb::RemoveRequest& req, size_t i) {
         req.set_force(force);
         req.add_keys(keys[i]);
@@ -293,7 +305,7 @@ Result<std::vector<Status>> MasterClient::Remove(const std::vector<std::string>&
 Result<std::vector<Status>> MasterClient::Pin(const std::vector<std::string>& keys, StorePin pin,
                                               Millis ttl) {
   return StatusCall(
-      *impl_->stub, impl_->timeout, keys.size(), "Pin",
+      *impl_, keys.size(), "Pin",
       [&](pb::PinRequest& req, size_t i) {
         auto* it = req.add_items();
         it->set_key(keys[i]);
@@ -306,7 +318,7 @@ Result<std::vector<Status>> MasterClient::Pin(const std::vector<std::string>& ke
 Result<StoreStats> MasterClient::Stats() {
   pb::StatsRequest req;
   pb::StatsResponse resp;
-  auto ctx = Context(impl_->timeout);
+  FERRY_ASSIGN_OR_RETURN(auto ctx, impl_->Context("Stats"));
   FERRY_RETURN_IF_ERROR(FromGrpc(impl_->stub->Stats(ctx.get(), req, &resp), "Stats"));
   return StoreStats{resp.capacity(), resp.used(), resp.nodes(), resp.objects()};
 }
@@ -315,7 +327,7 @@ Result<uint64_t> MasterClient::RemoveAll(bool force) {
   pb::RemoveAllRequest req;
   req.set_force(force);
   pb::RemoveAllResponse resp;
-  auto ctx = Context(impl_->timeout);
+  FERRY_ASSIGN_OR_RETURN(auto ctx, impl_->Context("RemoveAll"));
   FERRY_RETURN_IF_ERROR(FromGrpc(impl_->stub->RemoveAll(ctx.get(), req, &resp), "RemoveAll"));
   return static_cast<uint64_t>(resp.removed());
 }

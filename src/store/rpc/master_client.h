@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/auth.h"
 #include "common/clock.h"
 #include "ferry/status.h"
 #include "ferry/store.h"
@@ -18,9 +19,13 @@ namespace ferry::store {
 class MasterClient {
  public:
   // A channel to `address` ("host:port"); connects lazily and reconnects fast
-  // (a master restart is seen within about a second).
-  static Result<std::unique_ptr<MasterClient>> Connect(const std::string& address,
-                                                       Millis rpc_timeout);
+  // (a master restart is seen within about a second). With `key`, every
+  // call carries a token made with it (call_auth.h); a master with another
+  // secret, or with one while this side has none, fails calls with
+  // Unauthenticated.
+  static Result<std::unique_ptr<MasterClient>> Connect(
+      const std::string& address, Millis rpc_timeout,
+      std::shared_ptr<const auth::Key> key = nullptr);
   ~MasterClient();
 
   const std::string& address() const { return address_; }
