@@ -169,9 +169,11 @@ class Store {
   // secret (or its lack of one); InvalidArgument for a bad key file.
   static Result<std::unique_ptr<Store>> Create(StoreOptions options);
   // Attaches to the `ferry node --socket` listening at `socket_path`. Uses
-  // options.rpc_timeout (the deadline of each call) and attach_staging; the
-  // rest is the node's. Unavailable if nothing listens there or the node
-  // refuses this process (its uid), with the node's reason.
+  // options.rpc_timeout (the deadline of each call), attach_staging and
+  // auth_key_file; the rest is the node's. Unavailable if nothing listens
+  // there or the node refuses this process (its uid), with the node's
+  // reason; Unauthenticated unless both hold the same cluster secret or
+  // neither holds one; InvalidArgument for a bad key file.
   static Result<std::unique_ptr<Store>> Attach(const std::string& socket_path,
                                                StoreOptions options = {});
   // Unmounts the embedded node; objects with no other replica disappear.

@@ -108,20 +108,22 @@ class Store:
 
     @classmethod
     def attach(cls, path: str, *, timeout: float = 5.0, staging: int = 64 << 20,
-               readiness: str = "sync") -> "Store":
+               readiness: str = "sync", auth_key_file: Optional[str] = None) -> "Store":
         """Attaches to the `ferry node --socket PATH` of this host: no engine and
         no port here. `timeout` bounds each call; `staging` is the area shared
         with the node for memory outside allocate_buffer. `readiness`, for CUDA
         memory: "sync" (this thread waits for the stream's earlier work, then
         sends; the default, and the faster) or "event" (the node's stream waits
-        for it on the GPU; no CPU waits before sending)."""
+        for it on the GPU; no CPU waits before sending). `auth_key_file`: the
+        cluster secret's file, when the node holds one (None: $FERRY_AUTH_KEY_FILE)."""
         if staging <= 0:
             raise InvalidArgument(f"staging must be positive, got {staging}")
         if readiness not in ("sync", "event"):
             raise InvalidArgument(f'readiness is "sync" or "event", not {readiness!r}')
         self = cls.__new__(cls)
         self._init(_binding().attach(str(path), rpc_timeout_ms=_millis(timeout, "timeout"),
-                                     staging_bytes=staging, readiness=int(readiness == "event")))
+                                     staging_bytes=staging, readiness=int(readiness == "event"),
+                                     auth_key_file=auth_key_file or ""))
         return self
 
     def _init(self, store: Any) -> None:

@@ -170,12 +170,14 @@ std::unique_ptr<PyStore> CreateStore(const std::string& master, uint64_t local_m
 }
 
 std::unique_ptr<PyStore> AttachStore(const std::string& path, int64_t rpc_timeout_ms,
-                                     uint64_t staging_bytes, int readiness) {
+                                     uint64_t staging_bytes, int readiness,
+                                     const std::string& auth_key_file) {
   if (readiness != 0 && readiness != 1) RaiseInvalid("readiness is 0 (sync) or 1 (event)");
   ferry::StoreOptions o;
   o.attach_readiness = static_cast<ferry::AttachReadiness>(readiness);
   if (rpc_timeout_ms > 0) o.rpc_timeout = Millis(rpc_timeout_ms);
   if (staging_bytes > 0) o.attach_staging = staging_bytes;
+  o.auth_key_file = auth_key_file;
   return std::make_unique<PyStore>(
       Take(NoGil([&] { return ferry::Store::Attach(path, std::move(o)); })));
 }
@@ -207,7 +209,8 @@ void RegisterStore(py::module_& m) {
                   py::arg("lease_ms") = 0, py::arg("put_timeout_ms") = 0,
                   py::arg("node_ttl_ms") = 0, py::arg("auth_key_file") = "")
       .def_static("attach", &AttachStore, py::arg("path"), py::arg("rpc_timeout_ms") = 0,
-                  py::arg("staging_bytes") = 0, py::arg("readiness") = 0)
+                  py::arg("staging_bytes") = 0, py::arg("readiness") = 0,
+                  py::arg("auth_key_file") = "")
       .def("close", &PyStore::Close)
       .def_property_readonly("segment", [](const PyStore& s) { return s.Get().segment(); })
       .def_property_readonly("master_address",

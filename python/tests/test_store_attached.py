@@ -297,3 +297,18 @@ def test_node_refuses_another_uid(cluster):
     with ferry.Store.attach(path) as s:  # this uid still may
         s.put("k", b"v")
         assert s.get("k") == b"v"
+
+
+@needs_attach
+def test_attached_clients_prove_the_cluster_secret(cluster, tmp_path):
+    key = tmp_path / "key"
+    key.write_bytes(b"this cluster's secret: 32 bytes!")
+    key.chmod(0o600)
+    cluster.start_master("--auth-key-file", str(key))
+    path = cluster.socket_path()
+    cluster.start_node("--socket", path, "--auth-key-file", str(key))
+    with ferry.Store.attach(path, auth_key_file=str(key)) as s:
+        s.put("k", b"proved")
+        assert s.get("k") == b"proved"
+    with pytest.raises(ferry.Unauthenticated, match="requires the cluster secret"):
+        ferry.Store.attach(path)

@@ -53,6 +53,7 @@ int Node(const NodeArgs& args) {
     ao.path = args.socket;
     ao.allow_uids = args.allow_uids;
     ao.master = args.master;
+    ao.key = key.value();
     auto s = store::AttachServer::Start(*core, ao);
     if (!s.ok()) {
       std::fprintf(stderr, "ferry node: --socket: %s\n", s.status().ToString().c_str());

@@ -45,4 +45,12 @@ bool RateLimit::Allow(uint64_t* held) {
   return true;
 }
 
+void Refusals::Add(std::string_view peer, std::string_view why) {
+  count_.fetch_add(1, std::memory_order_relaxed);
+  if (uint64_t held = 0; limit_.Allow(&held)) {
+    Get().warn("{}: refusing {}: {}{}", who_, peer, why,
+               held == 0 ? "" : fmt::format(" ({} more refused since the last line)", held));
+  }
+}
+
 }  // namespace ferry::log

@@ -6,8 +6,11 @@
 
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <string>
+#include <string_view>
 
 #include "common/clock.h"
 #include "ferry/status.h"
@@ -34,6 +37,21 @@ class RateLimit {
   std::mutex mu_;
   Clock::time_point next_{};  // guarded by mu_
   uint64_t held_ = 0;         // guarded by mu_
+};
+
+// Peers refused (say, for not proving the cluster secret): counted, and
+// logged as "<who>: refusing <peer>: <why>" at most a line a second.
+// Thread safe.
+class Refusals {
+ public:
+  explicit Refusals(std::string who) : who_(std::move(who)) {}
+  void Add(std::string_view peer, std::string_view why);
+  uint64_t count() const { return count_.load(std::memory_order_relaxed); }
+
+ private:
+  const std::string who_;
+  std::atomic<uint64_t> count_{0};
+  RateLimit limit_{Millis(1000)};
 };
 
 }  // namespace ferry::log

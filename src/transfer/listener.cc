@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <asio.hpp>
-#include <atomic>
 #include <cstring>
 #include <deque>
 #include <list>
@@ -30,12 +29,6 @@ using asio::ip::tcp;
 using wire::Header;
 using wire::Opcode;
 
-// What the connections of one listener share: the count of peers the
-// handshake refused, and their log, held to a line a second against floods.
-struct Refusals {
-  std::atomic<uint64_t> count{0};
-  log::RateLimit log{Millis(1000)};
-};
 
 // One peer connection, on its own strand. Frames are read one after another;
 // replies go out in frame order through a queue, so a frame a service is
@@ -45,7 +38,7 @@ class Connection : public FrameConnection, public std::enable_shared_from_this<C
  public:
   Connection(tcp::socket sock, const Listener::Config& cfg,
              const Listener::DescriptorFn& descriptor, const std::vector<FrameService*>& services,
-             Refusals& refusals)
+             log::Refusals& refusals)
       : sock_(std::move(sock)),
         timer_(sock_.get_executor()),
         cfg_(cfg),
@@ -281,11 +274,7 @@ class Connection : public FrameConnection, public std::enable_shared_from_this<C
   // Counts and logs the refusal, tells the peer where its frame has a reply,
   // and closes once that is written. Nothing more is read from it.
   void Refuse(const Header& h, const std::string& why) {
-    refusals_.count.fetch_add(1, std::memory_order_relaxed);
-    if (uint64_t held = 0; refusals_.log.Allow(&held)) {
-      FERRY_LOG_WARN("listener: refusing {}: {}{}", peer_, why,
-                     held == 0 ? "" : fmt::format(" ({} more refused since the last line)", held));
-    }
+    refusals_.Add(peer_, why);
     if (h.opcode == Opcode::kHello || h.opcode == Opcode::kProof) {
       Reply({Opcode::kHelloAck, StatusCode::kUnauthenticated, h.id, 0, 0}, nullptr);
     } else if (h.opcode == Opcode::kGetDescriptor) {
@@ -317,7 +306,7 @@ class Connection : public FrameConnection, public std::enable_shared_from_this<C
   const Listener::Config& cfg_;
   const Listener::DescriptorFn& descriptor_;
   const std::vector<FrameService*>& services_;
-  Refusals& refusals_;
+  log::Refusals& refusals_;
   std::string peer_;
   bool closed_ = false;
   // Its first frame arrived, or with a secret its handshake completed.
@@ -376,9 +365,7 @@ class ListenerImpl : public Listener {
   }
 
   uint16_t port() const override { return port_; }
-  uint64_t auth_failures() const override {
-    return refusals_.count.load(std::memory_order_relaxed);
-  }
+  uint64_t auth_failures() const override { return refusals_.count(); }
 
   void Stop() override {
     asio::post(acceptor_.get_executor(), [this] {
@@ -441,7 +428,7 @@ class ListenerImpl : public Listener {
   const DescriptorFn descriptor_;
   const std::vector<FrameService*> services_;
   tcp::acceptor acceptor_;
-  Refusals refusals_;
+  log::Refusals refusals_{"listener"};  // of the handshake
   uint16_t port_ = 0;
   std::mutex mu_;
   std::list<Entry> conns_;  // guarded by mu_

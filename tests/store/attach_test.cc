@@ -11,7 +11,9 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/auth.h"
 #include "common/bytes.h"
+#include "integration/key_file.h"
 #include "store/node/attach_server.h"
 #include "store/node/core.h"
 #include "store/rpc/attach_wire.h"
@@ -68,8 +70,8 @@ int RawConnect(const std::string& path) {
 
 Result<attach::Frame> RawCall(int fd, attach::Type type, const std::vector<uint8_t>& payload,
                               int pass_fd = -1, StatusCode code = StatusCode::kOk) {
-  FERRY_RETURN_IF_ERROR(attach::Send(fd, type, 7, 1000, code, payload,
-                                     Deadline::After(Millis(2000)), pass_fd));
+  FERRY_RETURN_IF_ERROR(
+      attach::Send(fd, type, 7, 1000, code, payload, Deadline::After(Millis(2000)), pass_fd));
   return attach::Receive(fd, Deadline::After(Millis(5000)), Millis(5000));
 }
 
@@ -102,12 +104,18 @@ struct AttachServerHere {
   std::unique_ptr<store::AttachServer> server;
 };
 
-Result<AttachServerHere> ServeHere(const std::string& master, store::AttachOptions o) {
+// With `key_file`, the engine, the master calls and the socket hold that secret.
+Result<AttachServerHere> ServeHere(const std::string& master, store::AttachOptions o,
+                                   const std::string& key_file = "") {
   AttachServerHere h;
-  FERRY_ASSIGN_OR_RETURN(h.engine, Engine::Create({}));
-  FERRY_ASSIGN_OR_RETURN(h.client, store::MasterClient::Connect(master, Millis(5000)));
+  EngineOptions eo;
+  eo.auth_key_file = key_file;
+  FERRY_ASSIGN_OR_RETURN(h.engine, Engine::Create(eo));
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const auth::Key> key, auth::LoadConfigured(key_file));
+  FERRY_ASSIGN_OR_RETURN(h.client, store::MasterClient::Connect(master, Millis(5000), key));
   h.core = std::make_unique<store::StoreCore>(*h.engine, *h.client, nullptr, store::CoreOptions{});
   o.master = master;
+  o.key = key;
   FERRY_ASSIGN_OR_RETURN(h.server, store::AttachServer::Start(*h.core, std::move(o)));
   return h;
 }
@@ -318,8 +326,8 @@ TEST(Attach, BatchesLargerThanStagingTakeRoundsAndOversizeIsRefused) {
 // uneven sizes, read back split another way; small (copied inline) and large
 // (on the engine's copy threads) values.
 void MultiBufferRoundTrips(Store& s, const std::string& prefix) {
-  for (const std::vector<size_t>& split : std::vector<std::vector<size_t>>{
-           {10, 20, 30}, {1000, 1 << 20, 3, 5 << 20}}) {
+  for (const std::vector<size_t>& split :
+       std::vector<std::vector<size_t>>{{10, 20, 30}, {1000, 1 << 20, 3, 5 << 20}}) {
     size_t total = 0;
     for (size_t n : split) total += n;
     auto mem = s.AllocateBuffer(total);
@@ -329,14 +337,16 @@ void MultiBufferRoundTrips(Store& s, const std::string& prefix) {
     auto* dst = static_cast<uint8_t*>(back.value()->data());
     FillRandom(src, total, total);
     std::vector<StoreBuffer> in;
-    for (size_t off = 0, k = 0; k < split.size(); off += split[k++]) in.push_back({src + off, split[k]});
+    for (size_t off = 0, k = 0; k < split.size(); off += split[k++])
+      in.push_back({src + off, split[k]});
     const std::string key = prefix + "/multi/" + std::to_string(total);
     std::vector<std::string> keys = {key};
     std::vector<std::vector<StoreBuffer>> ins = {in};
     ASSERT_TRUE(s.BatchPutFromMulti(keys, ins)[0].ok());
     // Read back into two buffers split elsewhere, the last one with room to spare.
     std::memset(dst, 0, total + 7);
-    std::vector<std::vector<StoreBuffer>> outs = {{{dst, total / 3}, {dst + total / 3, total - total / 3 + 7}}};
+    std::vector<std::vector<StoreBuffer>> outs = {
+        {{dst, total / 3}, {dst + total / 3, total - total / 3 + 7}}};
     auto got = s.BatchGetIntoMulti(keys, outs);
     ASSERT_TRUE(got[0].ok()) << got[0].status().ToString();
     EXPECT_EQ(got[0].value(), total);
@@ -344,7 +354,8 @@ void MultiBufferRoundTrips(Store& s, const std::string& prefix) {
     // Parts from plain memory, copied.
     std::vector<uint8_t> heap(src, src + total);
     std::vector<StoreBuffer> plain;
-    for (size_t off = 0, k = 0; k < split.size(); off += split[k++]) plain.push_back({heap.data() + off, split[k]});
+    for (size_t off = 0, k = 0; k < split.size(); off += split[k++])
+      plain.push_back({heap.data() + off, split[k]});
     std::vector<std::string> pkeys = {key + "/parts"};
     std::vector<std::vector<StoreBuffer>> pins = {plain};
     ASSERT_TRUE(s.BatchPutParts(pkeys, pins)[0].ok());
@@ -554,6 +565,142 @@ TEST(Attach, TheSocketIsOwnerOnlyAndAStaleOneIsReplaced) {
   EXPECT_FALSE(refused.ok());
   EXPECT_EQ(access(file.c_str(), F_OK), 0);
   unlink(file.c_str());
+}
+
+// The cluster secret on the socket (issue 18, point 2): SO_PEERCRED admits a
+// uid, and then a client must still prove the secret before anything is
+// served; the node proves it back first.
+TEST(Attach, WithASecretOnlyClientsThatProveItAreServed) {
+  constexpr char kSecret[] = "this cluster's secret: 32 bytes!";
+  KeyFile key("attach", kSecret), other("attach-other", "another cluster's secret, as long");
+  ASSERT_TRUE(key.ok() && other.ok());
+  auto master = cli::SpawnMaster(FerryBin(), {"--tick-ms", "20", "--auth-key-file", key.path()});
+  ASSERT_TRUE(master.ok()) << master.status().ToString();
+  // A `ferry node` process with the key holds the memory, and serves a socket too.
+  const std::string path = SocketPath("secret-node");
+  auto node =
+      cli::SpawnNode(FerryBin(), master.value().address,
+                     {"--segment-size", "16MiB", "--socket", path, "--auth-key-file", key.path()});
+  ASSERT_TRUE(node.ok()) << node.status().ToString();
+  // One in this process, to read its counter.
+  store::AttachOptions o;
+  o.path = SocketPath("secret");
+  auto here = ServeHere(master.value().address, o, key.path());
+  ASSERT_TRUE(here.ok()) << here.status().ToString();
+  const store::AttachServer& server = *here.value().server;
+  auto with = [](const std::string& file) {
+    StoreOptions so = Small();
+    so.auth_key_file = file;
+    return so;
+  };
+
+  auto good = Store::Attach(o.path, with(key.path()));
+  ASSERT_TRUE(good.ok()) << good.status().ToString();
+  ASSERT_TRUE(good.value()->Put("kept", Pattern(1000, 5)).ok());
+  auto got = good.value()->Get("kept");
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got.value(), Pattern(1000, 5));
+  // Without the key, or with another, the client gives up on its own (the
+  // node asked for a proof, or gave a wrong one).
+  for (const std::string& file : {std::string(), other.path()}) {
+    auto s = Store::Attach(o.path, with(file));
+    EXPECT_EQ(s.status().code(), StatusCode::kUnauthenticated) << s.status().ToString();
+  }
+  EXPECT_EQ(server.auth_failures(), 0u);
+
+  // Raw clients that skip the proof get nothing served: a Stats, and a
+  // Register whose memfd the node would map.
+  auto raw_hello = [&](const std::string& nonce) {
+    int fd = RawConnect(o.path);
+    std::vector<uint8_t> hello;
+    ByteWriter hw(&hello);
+    hw.U32(1);
+    if (!nonce.empty()) hw.Str(nonce);
+    auto r = RawCall(fd, attach::Type::kHello, hello);
+    EXPECT_TRUE(r.ok() && r.value().code == StatusCode::kOk);
+    return std::make_pair(fd, r.ok() ? r.value().payload : std::vector<uint8_t>());
+  };
+  uint64_t refused = 0;
+  {
+    auto [fd, reply] = raw_hello("");
+    auto r = RawCall(fd, attach::Type::kStats, {});
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r.value().code, StatusCode::kUnauthenticated);
+    EXPECT_TRUE(ClosedByPeer(fd));
+    close(fd);
+    EXPECT_EQ(server.auth_failures(), ++refused);
+  }
+  {
+    auto mem = StoreMemory::Create(4096);
+    ASSERT_TRUE(mem.ok());
+    auto [fd, reply] = raw_hello("");
+    std::vector<uint8_t> reg;
+    ByteWriter(&reg).U64(4096);
+    auto r = RawCall(fd, attach::Type::kRegister, reg, mem.value()->fd());
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r.value().code, StatusCode::kUnauthenticated);
+    EXPECT_TRUE(ClosedByPeer(fd));
+    close(fd);
+    EXPECT_EQ(server.auth_failures(), ++refused);
+  }
+  // A genuine exchange by a raw client holding the key, recorded, then sent
+  // again on a new connection: the node's fresh challenge refuses it.
+  auto k = auth::LoadConfigured(key.path());
+  ASSERT_TRUE(k.ok());
+  const std::string nonce(32, 'n');
+  std::vector<uint8_t> recorded;
+  auto challenge_of = [](const std::vector<uint8_t>& reply) {
+    ByteReader r(reply.data(), reply.size());
+    r.Str(attach::kMaxMessage), r.Str(attach::kMaxMessage), r.U64(), r.U32();
+    return r.Str(auth::kNonceBytes);
+  };
+  {
+    auto [fd, reply] = raw_hello(nonce);
+    const std::string challenge = challenge_of(reply);
+    ASSERT_EQ(challenge.size(), auth::kNonceBytes);
+    const auth::Mac proof = attach::ClientProof(*k.value(), nonce, challenge);
+    ByteWriter(&recorded).Str(
+        std::string_view(reinterpret_cast<const char*>(proof.data()), proof.size()));
+    auto r = RawCall(fd, attach::Type::kAuth, recorded);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r.value().code, StatusCode::kOk);
+    r = RawCall(fd, attach::Type::kStats, {});
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r.value().code, StatusCode::kOk) << "an authenticated client was refused";
+    close(fd);
+  }
+  EXPECT_EQ(server.auth_failures(), refused);
+  for (int wrong = 0; wrong < 2; ++wrong) {  // the recorded proof, then junk
+    auto [fd, reply] = raw_hello(nonce);
+    std::vector<uint8_t> junk;
+    ByteWriter(&junk).Str(std::string(auth::kMacBytes, 'j'));
+    auto r = RawCall(fd, attach::Type::kAuth, wrong == 0 ? recorded : junk);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r.value().code, StatusCode::kUnauthenticated) << wrong;
+    EXPECT_TRUE(ClosedByPeer(fd));
+    close(fd);
+    EXPECT_EQ(server.auth_failures(), ++refused);
+  }
+  EXPECT_EQ(good.value()->Get("kept").value(), Pattern(1000, 5)) << "the good client was cut off";
+
+  // The node process the same way; and a client with the key refuses a node
+  // that holds none.
+  auto attached = Store::Attach(path, with(key.path()));
+  ASSERT_TRUE(attached.ok()) << attached.status().ToString();
+  EXPECT_TRUE(attached.value()->Exists("kept").ok());
+  EXPECT_EQ(Store::Attach(path, with("")).status().code(), StatusCode::kUnauthenticated);
+  auto open_master = cli::SpawnMaster(FerryBin(), {"--tick-ms", "20"});
+  ASSERT_TRUE(open_master.ok());
+  store::AttachOptions open;
+  open.path = SocketPath("no-secret");
+  auto open_here = ServeHere(open_master.value().address, open);
+  ASSERT_TRUE(open_here.ok()) << open_here.status().ToString();
+  auto s = Store::Attach(open.path, with(key.path()));
+  EXPECT_EQ(s.status().code(), StatusCode::kUnauthenticated) << s.status().ToString();
+  KeyFile loose("attach-loose", kSecret, 0640);
+  ASSERT_TRUE(loose.ok());
+  EXPECT_EQ(Store::Attach(open.path, with(loose.path())).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 }  // namespace

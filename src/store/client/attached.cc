@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "store/client/attached.h"
@@ -44,8 +45,16 @@ Status AttachedStore::Connect() {
     return Status::Unavailable("no node to attach to at " + path_ + ": " + std::strerror(err));
   }
   fd_ = fd;
+  std::string mine;  // this side's nonce, with a secret
+  if (key_ != nullptr) {
+    auto n = auth::NewNonce();
+    if (!n.ok()) return Drop(n.status());
+    mine.assign(n.value().begin(), n.value().end());
+  }
   std::vector<uint8_t> hello;
-  ByteWriter(&hello).U32(static_cast<uint32_t>(getpid()));
+  ByteWriter hw(&hello);
+  hw.U32(static_cast<uint32_t>(getpid()));
+  if (!mine.empty()) hw.Str(mine);
   auto f = Call(Type::kHello, hello);
   if (!f.ok()) {
     (void)Drop(Status::Ok());
@@ -56,7 +65,15 @@ Status AttachedStore::Connect() {
   std::string master = r.Str(attach::kMaxMessage);
   (void)r.U64();  // the node's instance, for logs
   (void)r.U32();
-  if (!r.ok()) return Drop(Status::ProtocolError("malformed Hello reply"));
+  // A node that holds no secret challenges with nothing (an older one sends
+  // neither string).
+  std::string challenge, proof;
+  if (r.ok() && r.Left() > 0) {
+    challenge = r.Str(auth::kNonceBytes);
+    proof = r.Str(auth::kMacBytes);
+  }
+  if (!r.ok() || r.Left() != 0) return Drop(Status::ProtocolError("malformed Hello reply"));
+  FERRY_RETURN_IF_ERROR(Authenticate(mine, challenge, proof));
   segment_ = std::move(segment);
   master_ = std::move(master);
   // A new node knows none of this process's memory: share it again.
@@ -69,6 +86,35 @@ Status AttachedStore::Connect() {
     if (!id.ok()) return Drop(id.status());
     range.id = id.value();
   }
+  return Status::Ok();
+}
+
+Status AttachedStore::Authenticate(const std::string& mine, const std::string& challenge,
+                                   const std::string& proof) {
+  if (challenge.empty()) {
+    if (key_ == nullptr) return Status::Ok();
+    return Drop(
+        Status::Unauthenticated("the node at " + path_ + " holds no cluster secret; refusing it"));
+  }
+  if (key_ == nullptr) {
+    return Drop(Status::Unauthenticated("the node at " + path_ + " requires the cluster secret (" +
+                                        auth::kKeyFileEnv + ")"));
+  }
+  auth::Mac theirs{};
+  if (challenge.size() != auth::kNonceBytes || proof.size() != theirs.size()) {
+    return Drop(Status::ProtocolError("malformed challenge from the node"));
+  }
+  std::copy(proof.begin(), proof.end(), theirs.begin());
+  // The node proves the secret first: this process's memory goes to no one else.
+  if (!auth::SameMac(theirs, attach::NodeProof(*key_, mine, challenge))) {
+    return Drop(Status::Unauthenticated("the node at " + path_ +
+                                        " did not prove the cluster secret; refusing it"));
+  }
+  const auth::Mac answer = attach::ClientProof(*key_, mine, challenge);
+  std::vector<uint8_t> p;
+  ByteWriter(&p).Str(std::string_view(reinterpret_cast<const char*>(answer.data()), answer.size()));
+  auto f = Call(Type::kAuth, p);
+  if (!f.ok()) return Drop(f.status());
   return Status::Ok();
 }
 

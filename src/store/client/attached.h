@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/auth.h"
 #include "common/bytes.h"
 #include "gpu/interprocess.h"
 #include "store/client/store_impl.h"
@@ -78,6 +79,7 @@ class AttachedStore final : public Store::Impl {
   }
 
   Status Start() {
+    FERRY_ASSIGN_OR_RETURN(key_, auth::LoadConfigured(opts_.auth_key_file));
     FERRY_ASSIGN_OR_RETURN(staging_.mem, StoreMemory::Create(opts_.attach_staging));
     std::lock_guard lock(mu_);
     return Connect();
@@ -177,6 +179,11 @@ class AttachedStore final : public Store::Impl {
 
   Status Connect();
   Status EnsureConnected() { return fd_ >= 0 ? Status::Ok() : Connect(); }
+  // The node's challenge in the Hello reply, answered: its proof checked and
+  // this side's sent. Unauthenticated (and the connection dropped) unless
+  // both sides hold the same secret or neither holds one. Requires mu_.
+  Status Authenticate(const std::string& mine, const std::string& challenge,
+                      const std::string& proof);
   Result<uint32_t> Share(const StoreMemory& mem);
   // Closes the connection after a failure that leaves its state unknown.
   Status Drop(Status st) {
@@ -197,6 +204,7 @@ class AttachedStore final : public Store::Impl {
 
   const std::string path_;
   const StoreOptions opts_;
+  std::shared_ptr<const auth::Key> key_;  // the cluster secret; null: none
   std::mutex mu_;  // one call at a time; guards everything below
   int fd_ = -1;
   uint64_t next_id_ = 1;

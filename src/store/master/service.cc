@@ -65,7 +65,7 @@ class Service final : public pb::Master::Service {
   // `checker` (null: no cluster secret) outlives the service.
   Service(Master& m, CallTokenChecker* checker) : m_(m), checker_(checker) {}
 
-  uint64_t auth_failures() const { return refused_.load(std::memory_order_relaxed); }
+  uint64_t auth_failures() const { return refused_.count(); }
 
   grpc::Status Mount(grpc::ServerContext* ctx, const pb::MountRequest* req,
                      pb::MountResponse* resp) override {
@@ -233,11 +233,7 @@ class Service final : public pb::Master::Service {
       if (it != md.end()) token = std::string_view(it->second.data(), it->second.size());
       Status st = checker_->Check(method, it == md.end() ? nullptr : &token);
       if (!st.ok()) {
-        refused_.fetch_add(1, std::memory_order_relaxed);
-        if (uint64_t held = 0; log_.Allow(&held)) {
-          FERRY_LOG_WARN("master: refusing {} from {}: {}{}", method, ctx->peer(), st.message(),
-                         held == 0 ? "" : fmt::format(" ({} more refused since)", held));
-        }
+        refused_.Add(ctx->peer(), std::string(method) + ": " + st.message());
         return grpc::Status(st.code() == StatusCode::kResourceExhausted
                                 ? grpc::StatusCode::RESOURCE_EXHAUSTED
                                 : grpc::StatusCode::UNAUTHENTICATED,
@@ -249,8 +245,7 @@ class Service final : public pb::Master::Service {
 
   Master& m_;
   CallTokenChecker* const checker_;
-  std::atomic<uint64_t> refused_{0};
-  log::RateLimit log_{Millis(1000)};
+  log::Refusals refused_{"master"};  // calls without a good token
 };
 
 }  // namespace

@@ -71,12 +71,25 @@ void PutStatus(ByteWriter& w, const Status& st) {
 // One attached client: its buffers and its requests, served in order.
 class Session {
  public:
-  Session(StoreCore& core, const AttachOptions& o, uint64_t instance, int fd)
-      : core_(core), o_(o), instance_(instance), fd_(fd) {}
+  // `peer` names the client in logs; `refusals` counts those the secret refuses.
+  Session(StoreCore& core, const AttachOptions& o, uint64_t instance, int fd, std::string peer,
+          log::Refusals& refusals)
+      : core_(core),
+        o_(o),
+        instance_(instance),
+        fd_(fd),
+        peer_(std::move(peer)),
+        refusals_(refusals) {}
 
   void Run(bool admitted, const std::string& refusal);
 
  private:
+  // The Hello reply's challenge and proof: empty without a secret. Sets
+  // *nonce to the node's, which the client's Auth must answer.
+  Status Challenge(const std::string& client_nonce, ByteWriter& w, std::string* nonce);
+  // Whether `req`, the first request after a challenge, is an Auth that
+  // answers it; if not, says why to the client and counts it.
+  bool Authenticated(const Frame& req, const std::string& client_nonce, const std::string& nonce);
   // Handles one request: OK with the reply payload, or the call's status
   // (ProtocolError closes the connection).
   Status Handle(const Frame& f, std::vector<uint8_t>* reply);
@@ -105,6 +118,8 @@ class Session {
   const AttachOptions& o_;
   const uint64_t instance_;
   const int fd_;
+  const std::string peer_;
+  log::Refusals& refusals_;
   uint32_t next_id_ = 1;
   std::map<uint32_t, std::shared_ptr<Mapping>> buffers_;
   struct Imported {
@@ -239,15 +254,32 @@ void Session::Run(bool admitted, const std::string& refusal) {
                        attach::MessagePayload(Status::Unavailable(refusal)), send_by);
     return;
   }
+  // pid u32, then a client with a secret sends its nonce.
+  ByteReader hr(hello.value().payload.data(), hello.value().payload.size());
+  (void)hr.U32();
+  const std::string client_nonce = hr.Left() > 0 ? hr.Str(auth::kNonceBytes) : std::string();
   std::vector<uint8_t> out;
   ByteWriter w(&out);
   w.Str(core_.engine().name());
   w.Str(o_.master);
   w.U64(instance_);
   w.U32(attach::kMaxPayload);
+  std::string nonce;
+  Status st = Status::ProtocolError("malformed Hello");
+  if (hr.ok() && hr.Left() == 0 &&
+      (client_nonce.empty() || client_nonce.size() == auth::kNonceBytes)) {
+    st = Challenge(client_nonce, w, &nonce);
+  }
+  if (!st.ok()) {
+    FERRY_LOG_WARN("attach {}: closing {}: {}", o_.path, peer_, st.ToString());
+    (void)attach::Send(fd_, Type::kHello, hello.value().id, 0, st.code(),
+                       attach::MessagePayload(st), send_by);
+    return;
+  }
   if (!attach::Send(fd_, Type::kHello, hello.value().id, 0, StatusCode::kOk, out, send_by).ok()) {
     return;
   }
+  bool authed = o_.key == nullptr;
   for (;;) {
     // An attached client may be idle for as long as it likes.
     auto f = attach::Receive(fd_, Deadline(), o_.frame_timeout);
@@ -258,6 +290,12 @@ void Session::Run(bool admitted, const std::string& refusal) {
       return;
     }
     const Frame& req = f.value();
+    if (!authed) {
+      if (req.fd >= 0) close(req.fd);
+      if (!Authenticated(req, client_nonce, nonce)) return;
+      authed = true;
+      continue;
+    }
     std::vector<uint8_t> reply;
     Status st = Status::ProtocolError("a request carries status code 0");
     if (req.code == StatusCode::kOk) st = Handle(req, &reply);
@@ -271,6 +309,48 @@ void Session::Run(bool admitted, const std::string& refusal) {
     }
     if (!sent.ok()) return;
   }
+}
+
+Status Session::Challenge(const std::string& client_nonce, ByteWriter& w, std::string* nonce) {
+  std::string proof;
+  if (o_.key != nullptr) {
+    FERRY_ASSIGN_OR_RETURN(auth::Nonce n, auth::NewNonce());
+    nonce->assign(n.begin(), n.end());
+    if (!client_nonce.empty()) {
+      const auth::Mac mac = attach::NodeProof(*o_.key, client_nonce, *nonce);
+      proof.assign(mac.begin(), mac.end());
+    }
+  }
+  w.Str(*nonce);
+  w.Str(proof);
+  return Status::Ok();
+}
+
+bool Session::Authenticated(const Frame& req, const std::string& client_nonce,
+                            const std::string& nonce) {
+  std::string why =
+      "a request before proving the cluster secret (" + std::string(auth::kKeyFileEnv) + ")";
+  if (req.type == Type::kAuth && req.code == StatusCode::kOk) {
+    ByteReader r(req.payload.data(), req.payload.size());
+    const std::string proof = r.Str(auth::kMacBytes);
+    auth::Mac got{};
+    const bool well_formed = r.ok() && r.Left() == 0 && proof.size() == got.size();
+    if (well_formed) std::copy(proof.begin(), proof.end(), got.begin());
+    if (well_formed && !client_nonce.empty() &&
+        auth::SameMac(got, attach::ClientProof(*o_.key, client_nonce, nonce))) {
+      return attach::Send(fd_, req.type, req.id, 0, StatusCode::kOk, {},
+                          Deadline::After(o_.frame_timeout))
+          .ok();
+    }
+    why = client_nonce.empty() ? "an Auth without a nonce in its Hello"
+                               : "a wrong proof (another cluster secret, or a replayed one)";
+  }
+  refusals_.Add(peer_, why);
+  (void)attach::Send(fd_, req.type, req.id, 0, StatusCode::kUnauthenticated,
+                     attach::MessagePayload(Status::Unauthenticated("this node refuses " + why)),
+                     Deadline::After(o_.frame_timeout));
+  shutdown(fd_, SHUT_RDWR);  // at once: the fd itself is closed when the session is reaped
+  return false;
 }
 
 Status Session::Handle(const Frame& f, std::vector<uint8_t>* reply) {
@@ -321,6 +401,9 @@ Status Session::Handle(const Frame& f, std::vector<uint8_t>* reply) {
     }
     case Type::kHello:
       return Status::ProtocolError("a second Hello");
+    case Type::kAuth:
+      return Status::ProtocolError(o_.key ? "a second Auth"
+                                          : "an Auth, but this node has no secret");
   }
   if (st.code() != StatusCode::kProtocolError && (!r.ok() || r.Left() != 0)) {
     return Status::ProtocolError("malformed attach request payload");
@@ -530,6 +613,14 @@ AttachServer::~AttachServer() {
   if (wake_fd_ >= 0) close(wake_fd_);
 }
 
+AttachServer::AttachServer(StoreCore& core, AttachOptions options, uint64_t instance)
+    : core_(core),
+      options_(std::move(options)),
+      instance_(instance),
+      refusals_(std::make_unique<log::Refusals>("attach " + options_.path)) {}
+
+uint64_t AttachServer::auth_failures() const { return refusals_->count(); }
+
 size_t AttachServer::clients() const {
   std::lock_guard lock(mu_);
   return clients_.size();
@@ -605,9 +696,12 @@ void AttachServer::AcceptLoop() {
     c.fd = fd;
     c.uid = cred.uid;
     c.admitted = refusal.empty();
-    c.thread = std::thread([this, &c, refusal] {
+    c.thread = std::thread([this, &c, refusal, cred] {
       NameThisThread("ferry-attached");
-      Session(core_, options_, instance_, c.fd).Run(refusal.empty(), refusal);
+      Session(core_, options_, instance_, c.fd,
+              "pid " + std::to_string(cred.pid) + " (uid " + std::to_string(cred.uid) + ")",
+              *refusals_)
+          .Run(refusal.empty(), refusal);
       c.done = true;
     });
   }

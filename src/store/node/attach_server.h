@@ -5,6 +5,12 @@
 // by id afterwards. A client that goes away loses its buffers (unmapped once
 // no operation uses them); its operations in flight finish, committed or
 // aborted, so no put stays open for it.
+//
+// Who may attach: SO_PEERCRED admits the uids (below); with a cluster secret
+// (AttachOptions::key) an admitted client must also prove the secret (an
+// Auth answering the Hello reply's challenge) before any other request is
+// served, and the node proves it back, so a client never shares its memory
+// with a process at the path that does not hold it either.
 #pragma once
 
 #include <atomic>
@@ -16,8 +22,13 @@
 #include <thread>
 #include <vector>
 
+#include "common/auth.h"
 #include "common/clock.h"
 #include "ferry/status.h"
+
+namespace ferry::log {
+class Refusals;
+}
 
 namespace ferry::store {
 
@@ -39,6 +50,8 @@ struct AttachOptions {
   Millis frame_timeout{5000};      // a frame begun must be complete by then
   size_t max_buffers_per_client = 1024;
   std::string master;  // reported to clients
+  // Clients must prove this secret; null: none do (the uid check alone).
+  std::shared_ptr<const auth::Key> key = nullptr;
 };
 
 class AttachServer {
@@ -51,6 +64,9 @@ class AttachServer {
 
   const std::string& path() const { return options_.path; }
   size_t clients() const;
+  // Clients refused for the cluster secret since Start: no proof, a wrong
+  // one, or a request before it. Never blocks.
+  uint64_t auth_failures() const;
 
  private:
   struct Client {
@@ -60,8 +76,7 @@ class AttachServer {
     std::thread thread;
     std::atomic<bool> done{false};
   };
-  AttachServer(StoreCore& core, AttachOptions options, uint64_t instance)
-      : core_(core), options_(std::move(options)), instance_(instance) {}
+  AttachServer(StoreCore& core, AttachOptions options, uint64_t instance);
   void AcceptLoop();
   void Serve(Client* c);
   void Reap(bool all);
@@ -71,6 +86,7 @@ class AttachServer {
   StoreCore& core_;
   const AttachOptions options_;
   const uint64_t instance_;  // random: tells a client which node it attached to
+  std::unique_ptr<log::Refusals> refusals_;  // of the cluster secret
   int listen_fd_ = -1;
   int wake_fd_ = -1;  // eventfd: stops the accept loop
   std::atomic<bool> stop_{false};

@@ -181,4 +181,12 @@ Status ReplyStatus(const Frame& reply) {
   return Status(reply.code, "node: " + msg);
 }
 
+auth::Mac NodeProof(const auth::Key& key, std::string_view client, std::string_view node) {
+  return key.Sign("ferry attach v1 node", {auth::AsField(client), auth::AsField(node)});
+}
+
+auth::Mac ClientProof(const auth::Key& key, std::string_view client, std::string_view node) {
+  return key.Sign("ferry attach v1 client", {auth::AsField(client), auth::AsField(node)});
+}
+
 }  // namespace ferry::store::attach

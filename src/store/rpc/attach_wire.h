@@ -14,8 +14,10 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "common/auth.h"
 #include "common/clock.h"
 #include "ferry/status.h"
 
@@ -48,8 +50,11 @@ enum class Type : uint16_t {
   kLocate = 9,
   kStats = 10,
   kRemoveAll = 11,
+  // The client's proof of the cluster secret, answering the node's challenge
+  // in the Hello reply; only to a node that holds a secret.
+  kAuth = 12,
 };
-inline constexpr uint16_t kLastType = 11;
+inline constexpr uint16_t kLastType = 12;
 
 struct Frame {
   Type type = Type::kHello;
@@ -68,6 +73,13 @@ Status Send(int sock, Type type, uint64_t id, uint32_t deadline_ms, StatusCode c
 // is not an error), then up to `rest` for the remainder. ProtocolError for a
 // bad magic, version, type, length or code, or for more than one fd.
 Result<Frame> Receive(int sock, Deadline first_byte, Millis rest);
+
+// The attach handshake's proofs (common/auth.h): HMAC-SHA256 over the
+// direction's label, the client's nonce (from its Hello) and the node's (from
+// the Hello reply). Both nonces are fresh, so a recorded proof answers no
+// later challenge.
+auth::Mac NodeProof(const auth::Key& key, std::string_view client, std::string_view node);
+auth::Mac ClientProof(const auth::Key& key, std::string_view client, std::string_view node);
 
 // A status as payload (the message) and back; codes beyond kLastStatusCode
 // become ProtocolError.
