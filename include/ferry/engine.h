@@ -53,6 +53,11 @@ struct EngineOptions {
   int tcp_lanes = 4;                     // connections per peer; env FERRY_TCP_LANES
   uint64_t tcp_chunk_bytes = 512 << 10;  // slice size over TCP; env FERRY_TCP_CHUNK_BYTES
   int tcp_chunks_in_flight = 4;          // per lane; env FERRY_TCP_INFLIGHT
+  // tcp: every write and read payload carries a CRC-32C, checked at the
+  // other end, so bytes corrupted in flight fail their request with
+  // ProtocolError instead of landing. Env FERRY_TCP_CHECKSUM (0 or 1).
+  // docs/performance.md has its cost; targets check flagged frames always.
+  bool tcp_checksum = false;
   // Network threads; env FERRY_IO_THREADS. 0: one per 4 cores, at most
   // tcp_lanes, so lanes move data in parallel where cores allow.
   int io_threads = 0;
@@ -175,7 +180,12 @@ class Engine {
   // Validates and posts the requests; never waits for data. InvalidArgument
   // (null local, zero length, empty batch) or NotFound (unknown segment) reject
   // the whole batch before anything moves. Per-request failures, such as an
-  // out-of-range remote address, are reported through the Batch. `timeout` is
+  // out-of-range remote address, are reported through the Batch. A request
+  // that fails leaves its destination (a read's local buffer, a write's
+  // remote range) unspecified: some of its bytes may have landed. None land
+  // from a range refused (OutOfRange, before any byte moves), nor, over tcp
+  // with tcp_checksum, from a write chunk that did not arrive whole and
+  // intact (the target applies a chunk only once it has checked it). `timeout` is
   // each request's deadline, covering queueing and payload progress; zero means
   // request_timeout. The requests of a batch, and of concurrent batches, run in
   // no set order: ranges written by one must not overlap ranges another touches.

@@ -186,6 +186,14 @@ class Engine::Impl {
     FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_IO_THREADS", &options_.io_threads));
     FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_COPY_THREADS", &options_.copy_threads));
     FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_LANDING_THREADS", &options_.landing_threads));
+    // Strictly 0 or 1: a typo must not leave frames unchecked unnoticed.
+    FERRY_ASSIGN_OR_RETURN(int64_t sum,
+                           env::GetInt("FERRY_TCP_CHECKSUM", options_.tcp_checksum ? 1 : 0));
+    if (sum != 0 && sum != 1) {
+      return Status::InvalidArgument("FERRY_TCP_CHECKSUM must be 0 or 1, not " +
+                                     std::to_string(sum));
+    }
+    options_.tcp_checksum = sum == 1;
     // Read where they are used, later or lazily; checked here so Create refuses them.
     FERRY_RETURN_IF_ERROR(CheckWriteBackEnv());
     return log::CheckLevelEnv();

@@ -38,7 +38,8 @@ class FrameConnection {
   // Replies go out in frame order: reserve a slot when the frame is read,
   // fill it when the reply is ready. `sent` runs once the payload has been
   // written, or at shutdown; `payload` (header.length bytes when not null)
-  // must stay valid until then.
+  // must stay valid until then. A header flagged wire::kFlagCrc32c has the
+  // payload's CRC-32C sent after it, summed as it is sent.
   struct Slot;
   virtual std::shared_ptr<Slot> Reserve() = 0;
   virtual void Fill(const std::shared_ptr<Slot>& slot, const wire::Header& header,

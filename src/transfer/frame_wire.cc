@@ -18,7 +18,7 @@ void EncodeHeader(const Header& h, uint8_t out[kHeaderSize]) {
   out[4] = kVersion;
   out[5] = static_cast<uint8_t>(h.opcode);
   out[6] = static_cast<uint8_t>(h.status);
-  out[7] = 0;
+  out[7] = h.flags;
   PutLe(out + 8, h.id, 8);
   PutLe(out + 16, h.addr, 8);
   PutLe(out + 24, h.length, 8);
@@ -30,7 +30,7 @@ Result<Header> DecodeHeader(const uint8_t in[kHeaderSize]) {
   uint8_t version = r.U8();
   uint8_t opcode = r.U8();
   uint8_t status = r.U8();
-  uint8_t reserved = r.U8();
+  uint8_t flags = r.U8();
   Header h;
   h.id = r.U64();
   h.addr = r.U64();
@@ -45,10 +45,23 @@ Result<Header> DecodeHeader(const uint8_t in[kHeaderSize]) {
     return bad("unknown opcode " + std::to_string(opcode));
   }
   if (status > static_cast<uint8_t>(kLastStatusCode)) return bad("unknown status");
-  if (reserved != 0) return bad("reserved byte set");
   h.opcode = static_cast<Opcode>(opcode);
   h.status = static_cast<StatusCode>(status);
+  if ((flags & ~kFlagCrc32c) != 0) return bad("unknown flags " + std::to_string(flags));
+  const bool data = h.opcode == Opcode::kWrite || h.opcode == Opcode::kRead ||
+                    (h.opcode == Opcode::kReadData && h.status == StatusCode::kOk);
+  if (flags != 0 && !data) return bad("flags on a frame that takes none");
+  h.flags = flags;
   return h;
+}
+
+void EncodeCrc(uint32_t crc, uint8_t out[kCrcBytes]) {
+  PutLe(out, crc, static_cast<int>(kCrcBytes));
+}
+
+uint32_t DecodeCrc(const uint8_t in[kCrcBytes]) {
+  ByteReader r(in, kCrcBytes);
+  return r.U32();
 }
 
 }  // namespace ferry::wire

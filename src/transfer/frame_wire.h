@@ -2,13 +2,18 @@
 // GetDescriptor) and the frames of transports served on it (tcp's Write and
 // Read). 32 bytes, little-endian, written field by field:
 //
-//   magic u32 | version u8 | opcode u8 | status u8 | reserved u8 (0)
+//   magic u32 | version u8 | opcode u8 | status u8 | flags u8
 //   request id u64 | address u64 | length u64
 //
 // A request frame (Write) is followed by `length` payload bytes; so are the
 // Descriptor and ReadData replies when status is OK, and the handshake's
 // Hello (0 or kNonceBytes), Challenge and Proof. Frames are answered in
 // order on each connection.
+//
+// Flags are 0 but on Write, Read and ReadData. kFlagCrc32c on a Write or an
+// OK ReadData: the payload is followed by its CRC-32C, u32 little-endian
+// (common/crc32c.h); on a Read, it asks for such a ReadData. A peer that
+// predates the flags closes the connection at the first one it is sent.
 //
 // With a cluster secret (common/auth.h) every connection opens with the
 // handshake, and nothing else is served before it completes:
@@ -51,16 +56,25 @@ enum class Opcode : uint8_t {
 };
 inline constexpr Opcode kLastOpcode = Opcode::kProof;
 
+inline constexpr uint8_t kFlagCrc32c = 1;
+inline constexpr size_t kCrcBytes = 4;  // the trailer kFlagCrc32c adds to a payload
+
 struct Header {
   Opcode opcode = Opcode::kHello;
   StatusCode status = StatusCode::kOk;
   uint64_t id = 0;
   uint64_t addr = 0;
   uint64_t length = 0;
+  uint8_t flags = 0;
 };
 
 void EncodeHeader(const Header& h, uint8_t out[kHeaderSize]);
-// ProtocolError for a wrong magic, version, opcode, status or reserved byte.
+// ProtocolError for a wrong magic, version, opcode or status, an unknown
+// flag, or a flag on a frame that takes none.
 Result<Header> DecodeHeader(const uint8_t in[kHeaderSize]);
+
+// The trailer of a kFlagCrc32c payload.
+void EncodeCrc(uint32_t crc, uint8_t out[kCrcBytes]);
+uint32_t DecodeCrc(const uint8_t in[kCrcBytes]);
 
 }  // namespace ferry::wire

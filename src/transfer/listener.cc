@@ -19,6 +19,8 @@ struct FrameConnection::Slot {
   uint8_t header[wire::kHeaderSize];
   const void* payload = nullptr;
   uint64_t length = 0;
+  bool crc = false;                  // the payload goes out followed by its CRC-32C
+  uint8_t trailer[wire::kCrcBytes];  // written when the reply is sent
   bool ready = false;
   std::function<void()> sent;  // after the write, or at shutdown
 };

@@ -68,6 +68,21 @@ std::vector<uint8_t> Frame(Opcode op, uint64_t addr, const void* payload, size_t
   return f;
 }
 
+// A Read of `len` bytes at `addr`: a header alone.
+std::vector<uint8_t> ReadFrame(uint64_t addr, uint64_t len) {
+  std::vector<uint8_t> f(wire::kHeaderSize);
+  wire::EncodeHeader({Opcode::kRead, StatusCode::kOk, 9, addr, len}, f.data());
+  return f;
+}
+
+// Frames sent with one send(): a target that refuses the first and closes
+// cannot make a later send fail.
+std::vector<uint8_t> Cat(std::initializer_list<std::vector<uint8_t>> frames) {
+  std::vector<uint8_t> out;
+  for (const auto& f : frames) out.insert(out.end(), f.begin(), f.end());
+  return out;
+}
+
 // The answer to a refused handshake: HelloAck Unauthenticated, then the
 // connection closes with nothing else answered (no write, no read).
 void ExpectRefused(RawClient& c) {
@@ -164,9 +179,9 @@ TEST(Auth, RequestsBeforeTheHandshakeTouchNoMemory) {
   }
   {  // a hello without a nonce (an engine with no key), then a write
     RawClient c(t.port());
-    c.SendHeader(Opcode::kHello, 0, 0);
-    auto w = Frame(Opcode::kWrite, t.addr(), "poison", 6);
-    c.Send(w.data(), w.size());
+    auto both =
+        Cat({Frame(Opcode::kHello, 0, nullptr, 0), Frame(Opcode::kWrite, t.addr(), "poison", 6)});
+    c.Send(both.data(), both.size());
     ExpectRefused(c);
     EXPECT_EQ(t.engine->Stats().auth_failures, ++refused);
   }
@@ -193,11 +208,12 @@ TEST(Auth, RequestsBeforeTheHandshakeTouchNoMemory) {
 }
 
 // A raw initiator's side of the handshake, answering with `key`: sends the
-// Hello, reads the challenge and sends the proof. The bytes sent go to
-// `sent`, the target's nonce to `theirs`; `*proved` says whether the
-// target's proof verifies with `key`. False if it broke off before the proof.
+// Hello, reads the challenge and sends the proof, then `after` with it. The
+// handshake's bytes go to `sent`, the target's nonce to `theirs`; `*proved`
+// says whether the target's proof verifies with `key`. False if it broke off
+// before the proof.
 bool Handshake(RawClient& c, const auth::Key& key, std::vector<uint8_t>* sent, auth::Nonce* theirs,
-               bool* proved) {
+               bool* proved, const std::vector<uint8_t>& after = {}) {
   auth::Nonce mine = auth::NewNonce().value();
   auto hello = Frame(Opcode::kHello, 0, mine.data(), mine.size());
   c.Send(hello.data(), hello.size());
@@ -211,7 +227,8 @@ bool Handshake(RawClient& c, const auth::Key& key, std::vector<uint8_t>* sent, a
   *proved = auth::SameMac(proof, handshake::TargetProof(key, mine, *theirs, h->addr, 0));
   const auth::Mac answer = handshake::InitiatorProof(key, mine, *theirs, h->addr, 0);
   auto p = Frame(Opcode::kProof, 0, answer.data(), answer.size());
-  c.Send(p.data(), p.size());
+  auto out = Cat({p, after});
+  c.Send(out.data(), out.size());
   *sent = hello;
   sent->insert(sent->end(), p.begin(), p.end());
   return true;
@@ -253,10 +270,9 @@ TEST(Auth, AWrongProofAndAReplayedHandshakeGetNoMemoryAccess) {
   // challenges with a fresh nonce, the recorded proof does not answer it.
   {
     RawClient c(t.port());
-    auto w = Frame(Opcode::kWrite, t.addr(), "replay", 6);
-    recorded.insert(recorded.end(), w.begin(), w.end());
-    c.Send(recorded.data(), recorded.size());
-    c.SendHeader(Opcode::kRead, t.addr(), 5);
+    auto all =
+        Cat({recorded, Frame(Opcode::kWrite, t.addr(), "replay", 6), ReadFrame(t.addr(), 5)});
+    c.Send(all.data(), all.size());
     auto h = c.ReadHeader();
     ASSERT_TRUE(h.has_value());
     EXPECT_EQ(h->opcode, Opcode::kChallenge);
@@ -273,10 +289,9 @@ TEST(Auth, AWrongProofAndAReplayedHandshakeGetNoMemoryAccess) {
     std::vector<uint8_t> sent;
     auth::Nonce theirs{};
     bool proved = true;
-    ASSERT_TRUE(Handshake(c, *wrong.value(), &sent, &theirs, &proved));
+    ASSERT_TRUE(Handshake(c, *wrong.value(), &sent, &theirs, &proved,
+                          Frame(Opcode::kWrite, t.addr(), "wrong!", 6)));
     EXPECT_FALSE(proved) << "the target's proof verified with another key";
-    auto w = Frame(Opcode::kWrite, t.addr(), "wrong!", 6);
-    c.Send(w.data(), w.size());
     ExpectRefused(c);
   }
   EXPECT_EQ(t.engine->Stats().auth_failures, 2u);

@@ -20,7 +20,7 @@ TEST(Wire, HeaderIsPackedLittleEndianAndValidated) {
   wire::EncodeHeader({wire::Opcode::kWrite, StatusCode::kOutOfRange, 0x1122, 0xdeadbeef, 4096}, h);
   EXPECT_EQ(h[0], 0x46);  // 'F'
   EXPECT_EQ(h[4], wire::kVersion);
-  EXPECT_EQ(h[7], 0);  // reserved byte is written, never left uninitialised
+  EXPECT_EQ(h[7], 0);  // the flags byte is written, never left uninitialised
   EXPECT_EQ(h[8], 0x22);
   auto d = wire::DecodeHeader(h);
   ASSERT_TRUE(d.ok());
@@ -35,6 +35,36 @@ TEST(Wire, HeaderIsPackedLittleEndianAndValidated) {
     bad[byte] = 0xff;
     EXPECT_EQ(wire::DecodeHeader(bad).status().code(), StatusCode::kProtocolError) << byte;
   }
+}
+
+// The flags byte: kFlagCrc32c on the frames that carry or ask for a
+// payload, and nowhere else; the trailer is little-endian.
+TEST(Wire, TheChecksumFlagGoesOnDataFramesOnly) {
+  using wire::Opcode;
+  uint8_t h[wire::kHeaderSize];
+  for (Opcode op : {Opcode::kWrite, Opcode::kRead, Opcode::kReadData}) {
+    wire::EncodeHeader({op, StatusCode::kOk, 1, 2, 3, wire::kFlagCrc32c}, h);
+    EXPECT_EQ(h[7], wire::kFlagCrc32c);
+    auto d = wire::DecodeHeader(h);
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    EXPECT_EQ(d.value().flags, wire::kFlagCrc32c);
+  }
+  for (Opcode op : {Opcode::kHello, Opcode::kHelloAck, Opcode::kGetDescriptor, Opcode::kDescriptor,
+                    Opcode::kWriteAck}) {
+    wire::EncodeHeader({op, StatusCode::kOk, 1, 2, 0, wire::kFlagCrc32c}, h);
+    EXPECT_EQ(wire::DecodeHeader(h).status().code(), StatusCode::kProtocolError)
+        << static_cast<int>(op);
+  }
+  // An error reply has no payload, so nothing to sum.
+  wire::EncodeHeader({Opcode::kReadData, StatusCode::kOutOfRange, 1, 2, 0, wire::kFlagCrc32c}, h);
+  EXPECT_EQ(wire::DecodeHeader(h).status().code(), StatusCode::kProtocolError);
+  wire::EncodeHeader({Opcode::kWrite, StatusCode::kOk, 1, 2, 3, 2}, h);  // unknown flag
+  EXPECT_EQ(wire::DecodeHeader(h).status().code(), StatusCode::kProtocolError);
+  uint8_t t[wire::kCrcBytes];
+  wire::EncodeCrc(0xe3069283u, t);
+  EXPECT_EQ(t[0], 0x83);
+  EXPECT_EQ(t[3], 0xe3);
+  EXPECT_EQ(wire::DecodeCrc(t), 0xe3069283u);
 }
 
 }  // namespace

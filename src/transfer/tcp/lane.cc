@@ -1,5 +1,6 @@
 #include "transfer/tcp/lane.h"
 
+#include "common/crc32c.h"
 #include "common/log.h"
 #include "transfer/handshake.h"
 #include "transfer/segment.h"
@@ -101,11 +102,17 @@ void Lane::Pump() {
       continue;
     }
     const uint64_t id = next_id_++;
-    const Opcode op = t.op == Op::kWrite ? Opcode::kWrite : Opcode::kRead;
-    wire::EncodeHeader({op, StatusCode::kOk, id, t.remote, t.length}, out_);
-    std::array<asio::const_buffer, 2> bufs = {
-        asio::buffer(out_), asio::buffer(t.local, t.op == Op::kWrite ? t.length : 0)};
-    inflight_.push_back({std::move(t), id});
+    const bool write = t.op == Op::kWrite;
+    const uint8_t flags = cfg_.checksum ? wire::kFlagCrc32c : 0;
+    wire::EncodeHeader(
+        {write ? Opcode::kWrite : Opcode::kRead, StatusCode::kOk, id, t.remote, t.length, flags},
+        out_);
+    const bool trailer = write && cfg_.checksum;
+    if (trailer) wire::EncodeCrc(crc32c::Value(t.local, t.length), out_crc_);
+    std::array<asio::const_buffer, 3> bufs = {
+        asio::buffer(out_), asio::buffer(t.local, write ? t.length : 0),
+        asio::buffer(out_crc_, trailer ? sizeof(out_crc_) : 0)};
+    inflight_.push_back({std::move(t), id, cfg_.checksum});
     writing_ = true;
     ArmTimer();
     const uint64_t gen = gen_;
@@ -134,10 +141,14 @@ void Lane::ReadReply(uint64_t gen) {
       });
 }
 
-Status Lane::Remote(const Header& h) const {
-  return Status(h.status, cfg_.peer_name + " rejected " +
-                              (h.opcode == Opcode::kWriteAck ? "write" : "read") + " at 0x" +
-                              fmt::format("{:x}", h.addr));
+// A target that checks a write's CRC refuses a mismatch with ProtocolError,
+// the one reason it acks a write so.
+Status Lane::Remote(const Header& h, bool crc) const {
+  const bool write = h.opcode == Opcode::kWriteAck;
+  const bool corrupt = write && crc && h.status == StatusCode::kProtocolError;
+  return Status(h.status, cfg_.peer_name + " rejected " + (write ? "write" : "read") + " at 0x" +
+                              fmt::format("{:x}", h.addr) +
+                              (corrupt ? ": its payload failed the checksum; not applied" : ""));
 }
 
 void Lane::OnReply(uint64_t gen) {
@@ -149,6 +160,7 @@ void Lane::OnReply(uint64_t gen) {
     return Fail(Status::ProtocolError(cfg_.peer_name + " replied out of order"));
   }
   const Task& t = inflight_.front().task;
+  const bool crc = inflight_.front().crc;
   const Opcode want = t.op == Op::kWrite ? Opcode::kWriteAck : Opcode::kReadData;
   if (h.opcode != want) {
     return Fail(Status::ProtocolError(cfg_.peer_name + " sent a mismatched reply"));
@@ -157,7 +169,7 @@ void Lane::OnReply(uint64_t gen) {
     if (h.length != 0) {
       return Fail(Status::ProtocolError(cfg_.peer_name + " error with payload"));
     }
-    Complete(Remote(h));
+    Complete(Remote(h, crc));
     ReadReply(gen);
     return Pump();
   }
@@ -169,13 +181,48 @@ void Lane::OnReply(uint64_t gen) {
   if (h.length != t.length) {
     return Fail(Status::ProtocolError(cfg_.peer_name + " sent a wrong read length"));
   }
+  // Asked for, a checksum must come; unasked, it must not.
+  if (((h.flags & wire::kFlagCrc32c) != 0) != crc) {
+    return Fail(Status::ProtocolError(cfg_.peer_name + (crc ? " sent a read without its checksum"
+                                                            : " sent an unasked-for checksum")));
+  }
   AsyncReadPayload(
-      sock_, t.local, t.length, &lowat_, [self = shared_from_this(), gen](asio::error_code ec) {
+      sock_, t.local, t.length, &lowat_,
+      [self = shared_from_this(), gen, crc](asio::error_code ec) {
         if (gen != self->gen_) return;
         if (ec) {
           return self->Fail(Status::ConnectionLost(self->cfg_.peer_name + " closed mid-payload"));
         }
+        if (crc) return self->ReadChecked(gen);
         self->Complete(Status::Ok());
+        self->ReadReply(gen);
+        self->Pump();
+      });
+}
+
+// The trailer of a checksummed read whose payload is in: a mismatch fails
+// that read alone, with its local bytes unspecified (already written there:
+// the payload is received in place, as without a checksum).
+void Lane::ReadChecked(uint64_t gen) {
+  // Like the payload, inline when the bytes are there, as they mostly are.
+  AsyncReadPayload(
+      sock_, reinterpret_cast<char*>(in_crc_), sizeof(in_crc_), &lowat_,
+      [self = shared_from_this(), gen](asio::error_code ec) {
+        if (gen != self->gen_) return;
+        if (ec) {
+          return self->Fail(Status::ConnectionLost(self->cfg_.peer_name + " closed mid-payload"));
+        }
+        self->last_progress_ = Clock::now();
+        const Task& t = self->inflight_.front().task;
+        if (wire::DecodeCrc(self->in_crc_) != crc32c::Value(t.local, t.length)) {
+          FERRY_LOG_WARN("tcp lane to {}: read at 0x{:x}+{} arrived corrupted",
+                         self->cfg_.peer_name, t.remote, t.length);
+          self->Complete(Status::ProtocolError(self->cfg_.peer_name + ": read at 0x" +
+                                               fmt::format("{:x}", t.remote) +
+                                               " arrived corrupted (checksum mismatch)"));
+        } else {
+          self->Complete(Status::Ok());
+        }
         self->ReadReply(gen);
         self->Pump();
       });

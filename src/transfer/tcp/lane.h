@@ -9,6 +9,11 @@
 // into the new process at stale addresses. With a cluster secret the Hello
 // is the authenticated handshake (transfer/handshake.h); a peer that fails
 // it fails the tasks with Unauthenticated, and nothing is sent to it.
+//
+// With `checksum`, a write whose bytes the target finds corrupted fails
+// with ProtocolError and is not applied; a read that arrives corrupted
+// fails the same way, its local bytes unspecified. The connection stays up:
+// only the payload was wrong, the stream is in step.
 #pragma once
 
 #include <asio.hpp>
@@ -32,6 +37,8 @@ class Lane : public std::enable_shared_from_this<Lane> {
     std::string peer_name;
     uint64_t epoch = 0;     // the epoch of the descriptor the tasks' addresses came from
     int max_in_flight = 4;  // doubled for requests to GPU memory: see Window()
+    // Writes carry a CRC-32C and reads ask for one (EngineOptions::tcp_checksum).
+    bool checksum = false;
     Millis connect_timeout{5000};
     Millis progress_timeout{30000};
     std::shared_ptr<const auth::Key> key;  // the cluster secret; null: none
@@ -48,6 +55,7 @@ class Lane : public std::enable_shared_from_this<Lane> {
   struct InFlight {
     Task task;
     uint64_t id;
+    bool crc;  // sent with kFlagCrc32c
   };
 
   void Kick();
@@ -61,7 +69,8 @@ class Lane : public std::enable_shared_from_this<Lane> {
   void Fail(const Status& st);
   void ArmTimer();
   void OnTimer();
-  Status Remote(const wire::Header& h) const;
+  Status Remote(const wire::Header& h, bool crc) const;
+  void ReadChecked(uint64_t gen);
 
   asio::strand<asio::io_context::executor_type> strand_;
   asio::ip::tcp::socket sock_;
@@ -81,6 +90,8 @@ class Lane : public std::enable_shared_from_this<Lane> {
   std::deque<InFlight> inflight_;  // sent, reply pending, in wire order
   uint8_t out_[wire::kHeaderSize];
   uint8_t in_[wire::kHeaderSize];
+  uint8_t out_crc_[wire::kCrcBytes];  // the trailer of the write being sent
+  uint8_t in_crc_[wire::kCrcBytes];   // that of the read being received
 };
 
 }  // namespace ferry

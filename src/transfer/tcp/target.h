@@ -3,6 +3,10 @@
 // this engine's registrations before memory is touched; a rejected write's
 // payload is consumed so the stream stays in step.
 //
+// A write flagged with a checksum (frame_wire.h) is applied only once its
+// payload matches its CRC-32C; else it is refused with ProtocolError and
+// memory is left as it was. A flagged read is answered with the checksum.
+//
 // GPU memory of this process is staged: a write's payload lands in a pinned
 // buffer and is copied to the device on a private stream before the ack (R3);
 // a read is copied device-to-host first, then sent. Without a GPU such
@@ -51,6 +55,10 @@ class TcpTarget : public FrameService {
   // The range's GPU when it is device memory, -1 for host memory.
   StatusCode Check(const wire::Header& h, int* device) const;
   void HandleWrite(const Conn& c, const wire::Header& h);
+  void WriteChecked(const Conn& c, const wire::Header& h);
+  void ReadSum(const Conn& c, const wire::Header& h, const char* data, Next next);
+  static bool SumMatches(FrameConnection& c, const wire::Header& h, const char* data,
+                         const char* trailer);
   void HandleRead(const Conn& c, const wire::Header& h);
   void Discard(const Conn& c, const wire::Header& h, uint64_t left, StatusCode st,
                std::shared_ptr<std::vector<char>> scratch);
@@ -60,17 +68,21 @@ class TcpTarget : public FrameService {
                 Next next);
   static Next OnStrand(const Conn& c, Next next);
   void WriteToDevice(const Conn& c, const wire::Header& h, int device);
+  void LandWrite(const Conn& c, const wire::Header& h, int device,
+                 const std::shared_ptr<FrameConnection::Slot>& out, char* buf);
   void ReadFromDevice(const Conn& c, const wire::Header& h, int device);
   void Serially(const Conn& c, std::function<void(char*)> piece);
   void WriteToDeviceSerial(const Conn& c, const wire::Header& h, int device, char* buf,
                            uint64_t off);
   void ReadFromDeviceSerial(const Conn& c, const wire::Header& h, int device, char* buf,
-                            uint64_t off, std::shared_ptr<uint8_t[]> header);
+                            uint64_t off, std::shared_ptr<uint8_t[]> header, uint32_t sum);
 
   const MemoryRegistry& registry_;
   gpu::Copier* const copier_;
   ThreadPool* const landing_;
   std::unique_ptr<StagingPool> staging_;  // null without a GPU
+  class BouncePool;
+  std::shared_ptr<BouncePool> bounce_;  // checksummed writes to host memory land here first
 };
 
 }  // namespace ferry

@@ -194,6 +194,7 @@ class TcpTransport : public Transport {
     cfg.peer_name = segment->name();
     cfg.epoch = segment->descriptor()->epoch;
     cfg.max_in_flight = ctx_.options.tcp_chunks_in_flight;
+    cfg.checksum = ctx_.options.tcp_checksum;
     cfg.connect_timeout = ctx_.options.connect_timeout;
     cfg.progress_timeout = ctx_.options.request_timeout;
     cfg.key = ctx_.key;
