@@ -7,6 +7,7 @@
 #include <list>
 #include <mutex>
 
+#include "common/crc32c.h"
 #include "common/host.h"
 #include "common/log.h"
 #include "transfer/frame_service.h"
@@ -84,6 +85,7 @@ class Connection : public FrameConnection, public std::enable_shared_from_this<C
     wire::EncodeHeader(h, o->header);
     o->payload = payload;
     o->length = payload != nullptr ? h.length : 0;
+    o->crc = o->length > 0 && (h.flags & wire::kFlagCrc32c) != 0;
     o->sent = std::move(sent);
     o->ready = true;
     Flush();
@@ -157,8 +159,13 @@ class Connection : public FrameConnection, public std::enable_shared_from_this<C
     if (!outq_.front()->ready) return;
     std::shared_ptr<Slot> o = outq_.front();
     writing_ = true;
-    std::array<asio::const_buffer, 2> bufs = {asio::buffer(o->header),
-                                              asio::buffer(o->payload, o->length)};
+    if (o->crc) {
+      // Summed as it goes out, so the check spans as little time as it can.
+      wire::EncodeCrc(crc32c::Value(o->payload, o->length), o->trailer);
+    }
+    std::array<asio::const_buffer, 3> bufs = {
+        asio::buffer(o->header), asio::buffer(o->payload, o->length),
+        asio::buffer(o->trailer, o->crc ? wire::kCrcBytes : 0)};
     BeginFrame();
     asio::async_write(sock_, bufs, [self = shared_from_this(), o](auto ec, size_t) {
       self->EndFrame();
