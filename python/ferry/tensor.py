@@ -31,6 +31,7 @@ VERSION = 1
 HEADER_SIZE = 304
 MAX_DIMS = 8
 MAX_AXES = 4
+_MAX_ARRAY_BYTES = (1 << 63) - 1
 
 # Little-endian, no padding: 40 bytes of header, two shapes of 8 int64s, the axis
 # count and a pad, four 32-byte layout axes. 40 + 128 + 8 + 128 = 304.
@@ -284,14 +285,15 @@ def decode(buf: Any) -> tuple[TensorHeader, int, int]:
                               "buffer") from None
     if not mv.c_contiguous:
         raise InvalidArgument("the tensor object's buffer is not contiguous")
-    mv = mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
     total = mv.nbytes
 
     def bad(what: str) -> ProtocolError:
         return ProtocolError(f"not a valid tensor object ({total} bytes): {what}")
 
+    # Before the cast, which refuses an empty view of more than one dimension.
     if total < HEADER_SIZE:
         raise bad(f"shorter than the {HEADER_SIZE}-byte tensor header")
+    mv = mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
     f = _fields(mv)
     (magic, version, header_size, dtype, ndim, layout_kind, flags, data_offset,
      data_bytes) = f[:9]
@@ -329,6 +331,11 @@ def decode(buf: Any) -> tuple[TensorHeader, int, int]:
             raise bad(f"{name} dims past ndim {ndim} are not -1: {dims[ndim:]}")
     global_shape, local_shape = tuple(global_dims[:ndim]), tuple(local_dims[:ndim])
     itemsize = ITEM_SIZE[DType(dtype)]
+    # As numpy and torch size a shape, where a zero dimension does not excuse
+    # the others: beyond 2**63 - 1 bytes neither can make the array, even empty.
+    for name, shape in (("global", global_shape), ("local", local_shape)):
+        if _prod(max(d, 1) for d in shape) * itemsize > _MAX_ARRAY_BYTES:
+            raise bad(f"{name} shape {shape} of {DType(dtype).name} is too large for an array")
     expected = _prod(local_shape) * itemsize
     if data_bytes != expected:
         raise bad(f"shape {local_shape} of {DType(dtype).name} is {expected} bytes, the header "

@@ -244,6 +244,10 @@ CORRUPT = {
     "axis rank": (bytes(bytearray(GOOD[:168]) + struct.pack("<II", 1, 0)
                         + struct.pack("<iiiiiiq", 1, 0, 4, 4, 0, 0, 0) + GOOD[208:]),
                   "shard rank 4 of 4"),
+    # Found by tests/fuzz/tensor_header_fuzz.py: it decoded, and then numpy
+    # refused to make even an empty array of that shape (ValueError).
+    "empty but huge": (packed_header(6, (1 << 62, 0, 4), (1 << 62, 0, 4), 0),
+                       "too large for an array"),
 }
 
 
@@ -259,6 +263,13 @@ def test_corrupt_objects_are_refused(store, name):
     assert (dst == 7).all()
     [err] = store.batch_get_tensor(["bad"])
     assert isinstance(err, ferry.ProtocolError)
+
+
+def test_an_empty_view_of_any_shape_is_too_short():
+    # Found by tests/fuzz/tensor_header_fuzz.py: the cast to bytes came before
+    # the length check, and raised TypeError for a 2-D view with no rows.
+    with pytest.raises(ferry.ProtocolError, match="shorter than the 304-byte"):
+        ft.decode(np.empty((0, 1), np.float32))
 
 
 def test_good_object_before_patching_is_read(store):

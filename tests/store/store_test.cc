@@ -339,6 +339,26 @@ TEST(Store, SingleProcessByDefaultHoldsItsOwnReplica) {
   EXPECT_EQ(remote.value(), v);
 }
 
+// Keys are bytes, not text (found by tests/fuzz's fuzz_attach): one that is
+// not UTF-8 went to the master in a proto3 string, which refused to parse,
+// and the put failed with an empty Internal.
+TEST(Store, KeysNeedNotBeText) {
+  StoreOptions o;
+  o.local_memory = 4 << 20;
+  auto s = Store::Create(o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  const std::string key("\xff\xfe\0k", 4);
+  const auto v = Pattern(1000, 3);
+  ASSERT_TRUE(s.value()->Put(key, v).ok());
+  EXPECT_TRUE(s.value()->Exists(key).ok());
+  EXPECT_TRUE(s.value()->Pin(key, StorePin::kSoft, Millis(1000)).ok());
+  auto got = s.value()->Get(key);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got.value(), v);
+  EXPECT_TRUE(s.value()->Remove(key, /*force=*/true).ok());
+  EXPECT_EQ(s.value()->Exists(key).code(), StatusCode::kNotFound);
+}
+
 TEST(Store, TwoStoresCreatedAndDestroyedInALoop) {
   for (int i = 0; i < 3; ++i) {
     StoreOptions o;
