@@ -58,9 +58,13 @@ struct EngineOptions {
   // ProtocolError instead of landing. Env FERRY_TCP_CHECKSUM (0 or 1).
   // docs/performance.md has its cost; targets check flagged frames always.
   bool tcp_checksum = false;
-  // Network threads; env FERRY_IO_THREADS. 0: one per 4 cores, at most
+  // Network threads; env FERRY_IO_THREADS. 0: one per 2 cores, at most
   // tcp_lanes, so lanes move data in parallel where cores allow.
   int io_threads = 0;
+  // Every io thread on one shared io_context, the engine's model before
+  // 2026-12-01, kept to compare against; by default each io thread polls
+  // its own sockets (docs/performance.md). Env FERRY_IO_SHARED (0 or 1).
+  bool io_shared = false;
   int copy_threads = 2;  // shm and local copy threads; env FERRY_COPY_THREADS
   // Threads that start the GPU copies of tcp staging (landing what a socket
   // received; at a target, also filling a reply), so socket threads read on;

@@ -26,6 +26,7 @@
 #include "common/ticker.h"
 #include "gpu/copier.h"
 #include "gpu/gpu.h"
+#include "transfer/io_pool.h"
 #include "transfer/listener.h"
 #include "transfer/local_memory.h"
 #include "transfer/peers.h"
@@ -56,13 +57,7 @@ class Engine::Impl {
     relay_.reset();  // releases any stream still waiting on it
     // Let the io threads run the close handlers, then stop them. (None run
     // when Init failed early: there is nothing to wait for.)
-    work_.reset();
-    Deadline idle = Deadline::After(std::chrono::seconds(2));
-    while (!io_threads_.empty() && !io_.stopped() && !idle.Expired()) {
-      std::this_thread::sleep_for(Millis(1));
-    }
-    io_.stop();
-    for (auto& t : io_threads_) t.join();
+    io_.Stop(std::chrono::seconds(2));
     if (transports_) transports_->StopAll();
     listener_.reset();
     submitter_.reset();
@@ -106,6 +101,8 @@ class Engine::Impl {
     ctx_ = std::make_unique<EngineContext>(
         EngineContext{options_, io_, *copy_pool_, memory_->registry(), copier_.get(), key_});
     FERRY_ASSIGN_OR_RETURN(transports_, TransportSet::Create(*ctx_, options_.transport));
+    io_.Create(options_.io_threads <= 0 ? transports_->io_threads() : options_.io_threads,
+               options_.io_shared);
     memory_->set_describer([this](const Region& r, const gpu::MemoryInfo& info) {
       return transports_->DescribeMemory(r, info);
     });
@@ -129,8 +126,10 @@ class Engine::Impl {
     }
     cfg.max_connections = static_cast<size_t>(max_connections);
     cfg.max_connections_per_source = static_cast<size_t>(per_source);
+    cfg.place = [this]() -> asio::io_context& { return io_.Next(); };
     auto l = Listener::Start(
-        io_, cfg, [this] { return EncodeDescriptor(Describe()); }, transports_->frame_services());
+        io_.first(), cfg, [this] { return EncodeDescriptor(Describe()); },
+        transports_->frame_services());
     if (!l.ok()) return l.status();
     listener_ = std::move(l).value();
     name_ =
@@ -147,14 +146,7 @@ class Engine::Impl {
     router_ = std::make_unique<Router>(*transports_, *peers_, memory_->registry(), has_gpu);
     submitter_ = std::make_unique<Submitter>(*router_, *peers_, copier_.get(), relay_.get(),
                                              options_.request_timeout);
-    const int io_threads =
-        options_.io_threads <= 0 ? transports_->io_threads() : options_.io_threads;
-    for (int i = 0; i < io_threads; ++i) {
-      io_threads_.emplace_back([this] {
-        NameThisThread("ferry-io");
-        io_.run();
-      });
-    }
+    io_.Start("ferry-io");
     watch_->Start();
     return Status::Ok();
   }
@@ -184,16 +176,10 @@ class Engine::Impl {
     FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_TCP_CHUNK_BYTES", &options_.tcp_chunk_bytes));
     FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_TCP_INFLIGHT", &options_.tcp_chunks_in_flight));
     FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_IO_THREADS", &options_.io_threads));
+    FERRY_RETURN_IF_ERROR(BoolFromEnv("FERRY_IO_SHARED", &options_.io_shared));
     FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_COPY_THREADS", &options_.copy_threads));
     FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_LANDING_THREADS", &options_.landing_threads));
-    // Strictly 0 or 1: a typo must not leave frames unchecked unnoticed.
-    FERRY_ASSIGN_OR_RETURN(int64_t sum,
-                           env::GetInt("FERRY_TCP_CHECKSUM", options_.tcp_checksum ? 1 : 0));
-    if (sum != 0 && sum != 1) {
-      return Status::InvalidArgument("FERRY_TCP_CHECKSUM must be 0 or 1, not " +
-                                     std::to_string(sum));
-    }
-    options_.tcp_checksum = sum == 1;
+    FERRY_RETURN_IF_ERROR(BoolFromEnv("FERRY_TCP_CHECKSUM", &options_.tcp_checksum));
     // Read where they are used, later or lazily; checked here so Create refuses them.
     FERRY_RETURN_IF_ERROR(CheckWriteBackEnv());
     return log::CheckLevelEnv();
@@ -204,6 +190,17 @@ class Engine::Impl {
   static Status IntFromEnv(const char* name, T* knob) {
     FERRY_ASSIGN_OR_RETURN(int64_t v, env::GetInt(name, static_cast<int64_t>(*knob)));
     *knob = static_cast<T>(v);
+    return Status::Ok();
+  }
+
+  // Strictly 0 or 1, so a typo is refused rather than read as either.
+  static Status BoolFromEnv(const char* name, bool* knob) {
+    FERRY_ASSIGN_OR_RETURN(int64_t v, env::GetInt(name, *knob ? 1 : 0));
+    if (v != 0 && v != 1) {
+      return Status::InvalidArgument(std::string(name) + " must be 0 or 1, not " +
+                                     std::to_string(v));
+    }
+    *knob = v == 1;
     return Status::Ok();
   }
 
@@ -229,10 +226,7 @@ class Engine::Impl {
   std::shared_ptr<const auth::Key> key_;  // the cluster secret; null: none
   uint64_t epoch_ = 0;
   std::string name_;
-  asio::io_context io_;
-  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_{
-      asio::make_work_guard(io_)};
-  std::vector<std::thread> io_threads_;
+  IoPool io_;
   std::unique_ptr<gpu::Copier> copier_;  // null without a GPU
   std::unique_ptr<StreamRelay> relay_;   // null without a GPU
   std::unique_ptr<LocalMemory> memory_;

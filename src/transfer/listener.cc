@@ -6,6 +6,7 @@
 #include <deque>
 #include <list>
 #include <mutex>
+#include <vector>
 
 #include "common/crc32c.h"
 #include "common/host.h"
@@ -31,7 +32,6 @@ namespace {
 using asio::ip::tcp;
 using wire::Header;
 using wire::Opcode;
-
 
 // One peer connection, on its own strand. Frames are read one after another;
 // replies go out in frame order through a queue, so a frame a service is
@@ -150,6 +150,8 @@ class Connection : public FrameConnection, public std::enable_shared_from_this<C
     });
   }
 
+  // Writes every ready reply at the head of the queue in one gathered send:
+  // acks of small writes then cost the peer one wake-up for several.
   void Flush() {
     if (writing_ || closed_) return;
     if (outq_.empty()) {
@@ -157,28 +159,36 @@ class Connection : public FrameConnection, public std::enable_shared_from_this<C
       return;
     }
     if (!outq_.front()->ready) return;
-    std::shared_ptr<Slot> o = outq_.front();
     writing_ = true;
-    if (o->crc) {
-      // Summed as it goes out, so the check spans as little time as it can.
-      wire::EncodeCrc(crc32c::Value(o->payload, o->length), o->trailer);
-    }
-    std::array<asio::const_buffer, 3> bufs = {
-        asio::buffer(o->header), asio::buffer(o->payload, o->length),
-        asio::buffer(o->trailer, o->crc ? wire::kCrcBytes : 0)};
-    BeginFrame();
-    asio::async_write(sock_, bufs, [self = shared_from_this(), o](auto ec, size_t) {
-      self->EndFrame();
-      self->writing_ = false;
-      if (o->sent) std::exchange(o->sent, nullptr)();
-      if (ec || self->closed_) return self->Shutdown();
-      self->outq_.pop_front();
-      if (self->read_paused_ && self->outq_.size() < kMaxQueuedReplies) {
-        self->read_paused_ = false;
-        self->ReadHeader();
+    std::vector<asio::const_buffer> bufs;
+    std::vector<std::shared_ptr<Slot>> sending;
+    for (const auto& o : outq_) {
+      if (!o->ready) break;
+      if (o->crc) {
+        // Summed as it goes out, so the check spans as little time as it can.
+        wire::EncodeCrc(crc32c::Value(o->payload, o->length), o->trailer);
       }
-      self->Flush();
-    });
+      bufs.push_back(asio::buffer(o->header));
+      if (o->length > 0) bufs.push_back(asio::buffer(o->payload, o->length));
+      if (o->crc) bufs.push_back(asio::buffer(o->trailer, wire::kCrcBytes));
+      sending.push_back(o);
+    }
+    BeginFrame();
+    asio::async_write(sock_, bufs,
+                      [self = shared_from_this(), sending = std::move(sending)](auto ec, size_t) {
+                        self->EndFrame();
+                        self->writing_ = false;
+                        for (auto& o : sending) {
+                          if (o->sent) std::exchange(o->sent, nullptr)();
+                        }
+                        if (ec || self->closed_) return self->Shutdown();
+                        for (size_t i = 0; i < sending.size(); ++i) self->outq_.pop_front();
+                        if (self->read_paused_ && self->outq_.size() < kMaxQueuedReplies) {
+                          self->read_paused_ = false;
+                          self->ReadHeader();
+                        }
+                        self->Flush();
+                      });
   }
 
   void Dispatch() {
@@ -390,25 +400,26 @@ class ListenerImpl : public Listener {
 
  private:
   void Accept() {
-    acceptor_.async_accept(asio::make_strand(io_), [this](auto ec, tcp::socket sock) {
-      if (ec == asio::error::operation_aborted) return;
-      asio::error_code gone;
-      const asio::ip::address source =
-          ec ? asio::ip::address() : sock.remote_endpoint(gone).address();
-      if (!ec && !gone) {  // else the peer left before it was accepted
-        auto c =
-            std::make_shared<Connection>(std::move(sock), cfg_, descriptor_, services_, refusals_);
-        const std::string refusal = Admit(source, c);
-        if (refusal.empty()) {
-          c->Start();
-        } else {
-          FERRY_LOG_WARN("listener: refusing a connection from {}: {}", source.to_string(),
-                         refusal);
-          c->Close();
-        }
-      }
-      if (acceptor_.is_open()) Accept();
-    });
+    acceptor_.async_accept(asio::make_strand(cfg_.place ? cfg_.place() : io_),
+                           [this](auto ec, tcp::socket sock) {
+                             if (ec == asio::error::operation_aborted) return;
+                             asio::error_code gone;
+                             const asio::ip::address source =
+                                 ec ? asio::ip::address() : sock.remote_endpoint(gone).address();
+                             if (!ec && !gone) {  // else the peer left before it was accepted
+                               auto c = std::make_shared<Connection>(
+                                   std::move(sock), cfg_, descriptor_, services_, refusals_);
+                               const std::string refusal = Admit(source, c);
+                               if (refusal.empty()) {
+                                 c->Start();
+                               } else {
+                                 FERRY_LOG_WARN("listener: refusing a connection from {}: {}",
+                                                source.to_string(), refusal);
+                                 c->Close();
+                               }
+                             }
+                             if (acceptor_.is_open()) Accept();
+                           });
   }
 
   struct Entry {

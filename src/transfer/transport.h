@@ -28,6 +28,7 @@ struct MemoryInfo;
 }  // namespace gpu
 struct EngineOptions;
 class FrameService;
+class IoPool;
 class MemoryRegistry;
 struct Region;
 class Segment;
@@ -36,7 +37,7 @@ class ThreadPool;
 // What the engine lends its transports. Outlives every transport.
 struct EngineContext {
   const EngineOptions& options;
-  asio::io_context& io;
+  IoPool& io;  // a lane's socket goes on io.Next()
   ThreadPool& copy_pool;
   const MemoryRegistry& registry;
   gpu::Copier* copier;  // null without a GPU

@@ -59,7 +59,7 @@ TEST(EngineContract, CreateRefusesWhatItCannotServe) {
 TEST(EngineContract, CreateRefusesAMalformedEnvironmentVariable) {
   for (const char* name :
        {"FERRY_TCP_LANES", "FERRY_MAX_CONNECTIONS", "FERRY_MAX_CONNECTIONS_PER_SOURCE",
-        "FERRY_STAGING_WRITEBACK", "FERRY_LOG_LEVEL"}) {
+        "FERRY_STAGING_WRITEBACK", "FERRY_LOG_LEVEL", "FERRY_IO_SHARED"}) {
     setenv(name, "abc", 1);
     auto e = Engine::Create({});
     unsetenv(name);
@@ -73,6 +73,31 @@ TEST(EngineContract, CreateRefusesAMalformedEnvironmentVariable) {
   setenv("FERRY_TCP_LANES", "0", 1);
   EXPECT_EQ(CreateFails({}), StatusCode::kInvalidArgument);
   unsetenv("FERRY_TCP_LANES");
+}
+
+// Each io thread polling its own sockets (the default) and all of them on
+// one io_context (io_shared) move the same bytes, with several threads.
+TEST(EngineContract, BothIoModelsMoveBytesOverTcp) {
+  for (bool shared : {false, true}) {
+    EngineOptions o;
+    o.transport = "tcp";
+    o.io_threads = 3;
+    o.io_shared = shared;
+    auto e = Engine::Create(o);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    const size_t n = 3 << 20;
+    auto mem = e.value()->AllocateMemory(n);
+    ASSERT_TRUE(mem.ok());
+    auto seg = e.value()->OpenSegment(e.value()->name());
+    ASSERT_TRUE(seg.ok());
+    std::vector<char> src(n);
+    for (size_t i = 0; i < n; ++i) src[i] = static_cast<char>(i * 7 + (shared ? 1 : 0));
+    ASSERT_TRUE(e.value()
+                    ->Transfer({Op::kWrite, src.data(), seg.value(),
+                                reinterpret_cast<uint64_t>(mem.value()), n})
+                    .ok());
+    EXPECT_EQ(std::memcmp(mem.value(), src.data(), n), 0) << "shared " << shared;
+  }
 }
 
 TEST(EngineContract, AllocatedAndRegisteredMemoryGoTheirOwnWays) {

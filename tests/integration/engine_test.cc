@@ -34,6 +34,7 @@
 #include "common/thread_pool.h"
 #include "gpu/copier.h"
 #include "integration/peer.h"
+#include "transfer/io_pool.h"
 #include "transfer/memory_registry.h"
 #include "transfer/metadata.h"
 #include "transfer/peer_memfd.h"
@@ -61,7 +62,8 @@ std::vector<std::string> TransportNames() {
 // context, with a GPU copier where this process has a GPU.
 TransportCaps CapsOf(const std::string& name) {
   EngineOptions options;
-  asio::io_context io;
+  IoPool io;
+  io.Create(1, false);
   ThreadPool pool(1, "ferry-test");
   MemoryRegistry registry;
   auto copier = gpu::Copier::Create();

@@ -9,6 +9,7 @@
 
 #include "common/log.h"
 #include "transfer/batch.h"
+#include "transfer/io_pool.h"
 #include "transfer/segment.h"
 #include "transfer/transport.h"
 
@@ -478,7 +479,8 @@ class FaultTransport : public Transport {
     asio::error_code ec;
     auto addr = asio::ip::make_address(segment->host(), ec);
     if (ec) return Status::InvalidArgument("bad peer address " + segment->host());
-    FERRY_ASSIGN_OR_RETURN(auto proxy, Proxy::Start(ctx_.io, tcp::endpoint(addr, segment->port())));
+    asio::io_context& io = ctx_.io.Next();
+    FERRY_ASSIGN_OR_RETURN(auto proxy, Proxy::Start(io, tcp::endpoint(addr, segment->port())));
     // tcp connects to what its segment names: one that names the proxy.
     auto via = std::make_shared<Segment>(segment->id(), segment->name(), "127.0.0.1", proxy->port(),
                                          false);
@@ -489,7 +491,7 @@ class FaultTransport : public Transport {
       return inner.status();
     }
     return std::shared_ptr<Endpoint>(std::make_shared<FaultEndpoint>(
-        ctx_.io, std::move(inner).value(), std::move(proxy), std::move(via), segment));
+        io, std::move(inner).value(), std::move(proxy), std::move(via), segment));
   }
 
   void Stop() override {

@@ -17,7 +17,9 @@ Lane::Lane(asio::io_context& io, Config cfg, std::weak_ptr<Segment> segment)
       sock_(strand_),
       timer_(strand_),
       cfg_(std::move(cfg)),
-      segment_(std::move(segment)) {}
+      segment_(std::move(segment)) {
+  sending_.reserve(kMaxGather);  // never reallocated: a write in flight points into it
+}
 
 void Lane::Post(std::vector<Task> tasks) {
   asio::post(strand_, [self = shared_from_this(), tasks = std::move(tasks)]() mutable {
@@ -89,8 +91,15 @@ size_t Lane::Window(const Task& t) const {
   return static_cast<size_t>(cfg_.max_in_flight) * (t.gpu_remote ? 2 : 1);
 }
 
+// Sends every task the window lets on the wire in one gathered write, so
+// small chunks cost one send for several; the next round starts when it is
+// out.
 void Lane::Pump() {
-  while (!writing_ && !queue_.empty() && inflight_.size() < Window(queue_.front())) {
+  if (writing_) return;
+  sending_.clear();
+  std::vector<asio::const_buffer> bufs;
+  while (!queue_.empty() && inflight_.size() < Window(queue_.front()) &&
+         sending_.size() < kMaxGather) {
     Task t = std::move(queue_.front());
     queue_.pop_front();
     if (t.batch->cancelled()) {
@@ -104,29 +113,33 @@ void Lane::Pump() {
     const uint64_t id = next_id_++;
     const bool write = t.op == Op::kWrite;
     const uint8_t flags = cfg_.checksum ? wire::kFlagCrc32c : 0;
+    Outgoing& out = sending_.emplace_back();
     wire::EncodeHeader(
         {write ? Opcode::kWrite : Opcode::kRead, StatusCode::kOk, id, t.remote, t.length, flags},
-        out_);
-    const bool trailer = write && cfg_.checksum;
-    if (trailer) wire::EncodeCrc(crc32c::Value(t.local, t.length), out_crc_);
-    std::array<asio::const_buffer, 3> bufs = {
-        asio::buffer(out_), asio::buffer(t.local, write ? t.length : 0),
-        asio::buffer(out_crc_, trailer ? sizeof(out_crc_) : 0)};
+        out.header);
+    bufs.push_back(asio::buffer(out.header));
+    if (write) bufs.push_back(asio::buffer(t.local, t.length));
+    if (write && cfg_.checksum) {
+      wire::EncodeCrc(crc32c::Value(t.local, t.length), out.crc);
+      bufs.push_back(asio::buffer(out.crc));
+    }
     inflight_.push_back({std::move(t), id, cfg_.checksum});
-    writing_ = true;
-    ArmTimer();
-    const uint64_t gen = gen_;
-    asio::async_write(sock_, bufs, [self = shared_from_this(), gen](asio::error_code ec, size_t) {
-      if (gen != self->gen_) return;
-      self->writing_ = false;
-      if (ec) {
-        return self->Fail(
-            Status::ConnectionLost("send to " + self->cfg_.peer_name + ": " + ec.message()));
-      }
-      self->last_progress_ = Clock::now();
-      self->Pump();
-    });
   }
+  if (sending_.empty()) return;
+  writing_ = true;
+  ArmTimer();
+  const uint64_t gen = gen_;
+  asio::async_write(
+      sock_, std::move(bufs), [self = shared_from_this(), gen](asio::error_code ec, size_t) {
+        if (gen != self->gen_) return;
+        self->writing_ = false;
+        if (ec) {
+          return self->Fail(
+              Status::ConnectionLost("send to " + self->cfg_.peer_name + ": " + ec.message()));
+        }
+        self->last_progress_ = Clock::now();
+        self->Pump();
+      });
 }
 
 void Lane::ReadReply(uint64_t gen) {

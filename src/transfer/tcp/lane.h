@@ -88,10 +88,16 @@ class Lane : public std::enable_shared_from_this<Lane> {
   Deadline connect_deadline_;
   std::deque<Task> queue_;         // not yet sent
   std::deque<InFlight> inflight_;  // sent, reply pending, in wire order
-  uint8_t out_[wire::kHeaderSize];
+  // The frames of the write in flight: each one's header and, for a
+  // checksummed write, its trailer. Cleared only between writes.
+  struct Outgoing {
+    uint8_t header[wire::kHeaderSize];
+    uint8_t crc[wire::kCrcBytes];
+  };
+  static constexpr size_t kMaxGather = 16;
+  std::vector<Outgoing> sending_;
   uint8_t in_[wire::kHeaderSize];
-  uint8_t out_crc_[wire::kCrcBytes];  // the trailer of the write being sent
-  uint8_t in_crc_[wire::kCrcBytes];   // that of the read being received
+  uint8_t in_crc_[wire::kCrcBytes];  // that of the read being received
 };
 
 }  // namespace ferry

@@ -13,6 +13,7 @@
 #include "ferry/engine.h"
 #include "gpu/copier.h"
 #include "gpu/gpu.h"
+#include "transfer/io_pool.h"
 #include "transfer/segment.h"
 #include "transfer/tcp/lane.h"
 #include "transfer/tcp/staging.h"
@@ -134,6 +135,14 @@ int OnePerFourCores(int lo, int hi) {
   return std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 4, lo, hi);
 }
 
+// A lane's socket keeps one io thread busy at large chunks (86% on the H200
+// machine), so lanes get a thread each where half the cores allow: 8 lanes
+// on 16 cores moved 23.0 GB/s with 8 threads and 14.1 with 4
+// (docs/performance.md).
+int OnePerTwoCores(int lo, int hi) {
+  return std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, lo, hi);
+}
+
 class TcpTransport : public Transport {
  public:
   static constexpr char kName[] = "tcp";
@@ -146,7 +155,7 @@ class TcpTransport : public Transport {
     caps_.gpu_memory = ctx.copier != nullptr;  // local GPU memory, through staging
     caps_.reach = Reach::kNetwork;
     caps_.target_stages_gpu = true;  // the target side stages its GPU memory
-    caps_.io_threads = OnePerFourCores(1, o.tcp_lanes);
+    caps_.io_threads = OnePerTwoCores(1, o.tcp_lanes);
     if (ctx.copier != nullptr) {
       const int landing =
           o.landing_threads < 0 ? OnePerFourCores(2, std::max(2, o.tcp_lanes)) : o.landing_threads;
@@ -200,7 +209,7 @@ class TcpTransport : public Transport {
     cfg.key = ctx_.key;
     std::vector<std::shared_ptr<Lane>> lanes;
     for (int i = 0; i < ctx_.options.tcp_lanes; ++i) {
-      lanes.push_back(std::make_shared<Lane>(ctx_.io, cfg, segment));
+      lanes.push_back(std::make_shared<Lane>(ctx_.io.Next(), cfg, segment));
     }
     std::unique_ptr<StagingPool> staging;
     if (ctx_.copier != nullptr) {

@@ -1,0 +1,50 @@
+#include "transfer/io_pool.h"
+
+#include "common/thread_name.h"
+
+namespace ferry {
+
+void IoPool::Create(int threads, bool shared) {
+  threads_ = std::max(threads, 1);
+  const int n = shared ? 1 : threads_;
+  for (int i = 0; i < n; ++i) {
+    // A context with one thread needs no locking in its scheduler.
+    contexts_.push_back(std::make_unique<asio::io_context>(shared ? threads_ : 1));
+    guards_.emplace_back(asio::make_work_guard(*contexts_.back()));
+  }
+}
+
+IoPool::~IoPool() { Stop(Millis(0)); }
+
+asio::io_context& IoPool::Next() {
+  return *contexts_[next_.fetch_add(1, std::memory_order_relaxed) % contexts_.size()];
+}
+
+void IoPool::Start(const char* name) {
+  for (int i = 0; i < threads_; ++i) {
+    asio::io_context* io = contexts_[static_cast<size_t>(i) % contexts_.size()].get();
+    running_.emplace_back([io, name] {
+      NameThisThread(name);
+      io->run();
+    });
+  }
+}
+
+void IoPool::Stop(Millis drain) {
+  for (auto& g : guards_) g.reset();
+  Deadline idle = Deadline::After(drain);
+  auto all_stopped = [this] {
+    for (auto& c : contexts_) {
+      if (!c->stopped()) return false;
+    }
+    return true;
+  };
+  while (!running_.empty() && !all_stopped() && !idle.Expired()) {
+    std::this_thread::sleep_for(Millis(1));
+  }
+  for (auto& c : contexts_) c->stop();
+  for (auto& t : running_) t.join();
+  running_.clear();
+}
+
+}  // namespace ferry
