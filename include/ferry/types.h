@@ -24,6 +24,10 @@ struct Request {
   SegmentId segment = 0;  // from Engine::OpenSegment
   uint64_t remote = 0;    // virtual address inside the target's registered memory
   uint64_t length = 0;    // bytes, > 0
+  // The target's epoch (SegmentInfo::epoch) that `remote` belongs to; 0: any.
+  // Checked after the submit's descriptor refresh: a target of another epoch
+  // (restarted) fails the request with PeerRestarted, and no byte moves.
+  uint64_t expected_epoch = 0;
 };
 
 // A registered buffer of a segment, as Engine::GetSegmentInfo lists it.

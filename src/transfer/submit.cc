@@ -1,5 +1,7 @@
 #include "transfer/submit.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <map>
 #include <set>
@@ -21,6 +23,20 @@ namespace ferry {
 namespace {
 Status ForRequest(size_t i, const Status& st) {
   return Status(st.code(), "request " + std::to_string(i) + ": " + st.message());
+}
+
+// Request::expected_epoch against the descriptor held now. Read once the
+// request's endpoint is in hand: that endpoint was then made from a
+// descriptor of this epoch or of an older one (descriptors never go back),
+// and an older one's fails on its own (tcp's Hello expects its epoch; shm
+// sees its process gone), so no byte reaches a process of another epoch.
+Status CheckEpoch(size_t i, const Request& r, const Segment& seg) {
+  if (r.expected_epoch == 0) return Status::Ok();
+  auto d = seg.descriptor();
+  if (d != nullptr && d->epoch == r.expected_epoch) return Status::Ok();
+  return ForRequest(i, Status::PeerRestarted(fmt::format(
+                           "{} has epoch {:x}, not the {:x} of the address", seg.name(),
+                           d != nullptr ? d->epoch : 0, r.expected_epoch)));
 }
 }  // namespace
 
@@ -56,6 +72,11 @@ Result<std::unique_ptr<Batch>> Submitter::Submit(std::span<const Request> reqs,
       state->FailRequest(i, it->second);
       continue;
     }
+    // Before the range check too, which a restarted target fails otherwise.
+    if (Status st = CheckEpoch(i, r, *seg); !st.ok()) {
+      state->FailRequest(i, st);
+      continue;
+    }
     auto remote = router_.CheckRemote(r, *seg, &refreshed);
     if (!remote.ok()) {
       state->FailRequest(i, ForRequest(i, remote.status()));
@@ -77,6 +98,10 @@ Result<std::unique_ptr<Batch>> Submitter::Submit(std::span<const Request> reqs,
     }
     if (!rt.status.ok()) {
       state->FailRequest(i, rt.status);
+      continue;
+    }
+    if (Status st = CheckEpoch(i, r, *seg); !st.ok()) {
+      state->FailRequest(i, st);
       continue;
     }
     if (gpu && !ready && !opts.already_ready) {
@@ -143,11 +168,13 @@ Result<std::unique_ptr<Batch>> Submitter::SubmitOnStream(std::span<const Request
   for (size_t i = 0; i < reqs.size(); ++i) {
     const Request& r = reqs[i];
     const std::shared_ptr<Segment>& seg = segs[r.segment];
+    FERRY_RETURN_IF_ERROR(CheckEpoch(i, r, *seg));
     auto remote = router_.CheckRemote(r, *seg, &refreshed);
     if (!remote.ok()) return ForRequest(i, remote.status());
     const Router::Sides sides = router_.GpuSides(r, remote.value());
     auto route = router_.Route(seg, sides.device() >= 0);
     if (!route.ok()) return ForRequest(i, route.status());
+    FERRY_RETURN_IF_ERROR(CheckEpoch(i, r, *seg));
     auto [transport, ep] = std::move(route).value();
     if (sides.device() >= 0) {
       Result<Endpoint::Mapped> mapped =
@@ -182,6 +209,7 @@ Result<std::unique_ptr<Batch>> Submitter::SubmitOnStream(std::span<const Request
       if (!host.ok()) return ForRequest(i, host.status());
       transport = host.value().transport;
       ep = host.value().endpoint;
+      FERRY_RETURN_IF_ERROR(CheckEpoch(i, r, *seg));
     } else if (!transport->caps().target_stages_gpu) {
       return ForRequest(i, Status::NotSupported(std::string("GPU memory at ") + seg->name() +
                                                 " is not reachable by " + transport->caps().name +

@@ -507,17 +507,31 @@ TEST(EngineLifecycle, TwoEnginesInOneProcessTalk) {
 
 // ---- a restarted peer ----
 
+// A peer in its own process and an engine of this one, forced to
+// `transport`, that has opened the peer's segment.
+struct OpenedPeer {
+  Result<test::Peer> peer = Status::Internal("not started");
+  Result<std::unique_ptr<Engine>> e = Status::Internal("not made");
+  Result<SegmentId> s = Status::Internal("not opened");
+  uint16_t port = 0;
+};
+void OpenPeer(const char* transport, OpenedPeer* p) {
+  p->peer = test::StartPeer(1 << 20, 0);
+  ASSERT_TRUE(p->peer.ok());
+  p->port = p->peer.value().port();
+  EngineOptions o;
+  o.transport = transport;
+  p->e = Engine::Create(o);
+  ASSERT_TRUE(p->e.ok());
+  p->s = p->e.value()->OpenSegment(p->peer.value().segment);
+  ASSERT_TRUE(p->s.ok());
+}
+
 TEST(PeerRestart, NewEpochIsDetectedAndTheCacheRefreshed) {
   for (const char* transport : {"tcp", "shm"}) {
-    auto peer = test::StartPeer(1 << 20, 0);
-    ASSERT_TRUE(peer.ok());
-    const uint16_t port = peer.value().port();
-    EngineOptions o;
-    o.transport = transport;
-    auto e = Engine::Create(o);
-    ASSERT_TRUE(e.ok());
-    auto s = e.value()->OpenSegment(peer.value().segment);
-    ASSERT_TRUE(s.ok());
+    OpenedPeer p;
+    ASSERT_NO_FATAL_FAILURE(OpenPeer(transport, &p));
+    auto& [peer, e, s, port] = p;
     char buf[256] = {};
     Request r{Op::kRead, buf, s.value(), peer.value().alloc_addr, sizeof(buf)};
     ASSERT_TRUE(e.value()->Transfer(r).ok());
@@ -539,6 +553,53 @@ TEST(PeerRestart, NewEpochIsDetectedAndTheCacheRefreshed) {
     ASSERT_FALSE(info.value().buffers.empty());
     Request r2{Op::kRead, buf, s.value(), info.value().buffers[0].addr, sizeof(buf)};
     EXPECT_TRUE(e.value()->Transfer(r2, seconds(10)).ok()) << transport;
+  }
+}
+
+// Request::expected_epoch: a request names the epoch its address came
+// from, and a target of another epoch fails it with PeerRestarted, whether
+// the descriptor is new to this submit or was refreshed inside it.
+TEST(PeerRestart, ARequestForAnotherEpochMovesNothing) {
+  for (const char* transport : {"tcp", "shm"}) {
+    OpenedPeer p;
+    ASSERT_NO_FATAL_FAILURE(OpenPeer(transport, &p));
+    auto& [peer, e, s, port] = p;
+    const uint64_t epoch = e.value()->GetSegmentInfo(s.value()).value().epoch;
+    ASSERT_EQ(epoch, peer.value().epoch);
+    std::vector<char> out(4096, 'x'), in(4096, 0);
+    Request w{Op::kWrite, out.data(), s.value(), peer.value().alloc_addr, out.size()};
+    w.expected_epoch = epoch;
+    ASSERT_TRUE(e.value()->Transfer(w).ok()) << transport;
+
+    // A live peer of another epoch: refused, and its bytes stay.
+    std::vector<char> junk(4096, 'j');
+    Request bad{Op::kWrite, junk.data(), s.value(), peer.value().alloc_addr, junk.size()};
+    bad.expected_epoch = epoch ^ 1;
+    Status st = e.value()->Transfer(bad, seconds(10));
+    EXPECT_EQ(st.code(), StatusCode::kPeerRestarted) << transport << ": " << st.ToString();
+    Request r{Op::kRead, in.data(), s.value(), peer.value().alloc_addr, in.size()};
+    r.expected_epoch = epoch;
+    ASSERT_TRUE(e.value()->Transfer(r).ok()) << transport;
+    EXPECT_EQ(in, out) << transport << ": a refused write reached the peer";
+
+    // The peer restarts on its port; the request of the old epoch fails for
+    // the epoch (not for the range), after the refresh the failure causes,
+    // and keeps failing; one of the new epoch is served.
+    peer.value().proc.reset();  // SIGKILL
+    auto again = test::StartPeer(1 << 20, 0, port);
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    for (int i = 0; i < 3; ++i) {
+      st = e.value()->Transfer(r, seconds(10));
+      EXPECT_TRUE(st.code() == StatusCode::kPeerRestarted ||
+                  (i == 0 && st.code() == StatusCode::kConnectionLost))
+          << transport << " try " << i << ": " << st.ToString();
+    }
+    auto info = e.value()->GetSegmentInfo(s.value());
+    ASSERT_TRUE(info.ok());
+    ASSERT_EQ(info.value().epoch, again.value().epoch);
+    Request fresh{Op::kRead, in.data(), s.value(), again.value().alloc_addr, in.size()};
+    fresh.expected_epoch = info.value().epoch;
+    EXPECT_TRUE(e.value()->Transfer(fresh, seconds(10)).ok()) << transport;
   }
 }
 
