@@ -52,6 +52,9 @@ struct StoreExtent {
 };
 struct StoreReplica {
   std::vector<StoreExtent> extents;
+  // The engine epoch of the node process whose addresses these are; a node
+  // that restarted has another, and its old addresses are refused.
+  uint64_t epoch = 0;
 };
 struct ObjectLocation {
   uint64_t size = 0;

@@ -195,7 +195,7 @@ def call(method: int, body: bytes = b"") -> bytes:
 
 
 def mount(node: bytes, *regions: tuple[int, int]) -> bytes:
-    return call(MOUNT, msg((1, node), *[(2, msg((1, b), (2, s))) for b, s in regions]))
+    return call(MOUNT, msg((1, node), *[(2, msg((1, b), (2, s))) for b, s in regions], (3, 1)))
 
 
 def put_begin(*items: bytes, client: bytes = b"", local: int = 0) -> bytes:

@@ -44,9 +44,9 @@ TEST(OffsetAllocator, FailsWhenNoBlockIsLargeEnoughAndPicksBestFit) {
 TEST(Space, PlacesReplicasOnDistinctNodesPreferredFirst) {
   Space s;
   uint64_t replaced = 0;
-  ASSERT_TRUE(s.Mount("a:1", {{1 << 20, 1 << 20}}, &replaced).ok());
-  ASSERT_TRUE(s.Mount("b:1", {{1 << 20, 1 << 20}}, &replaced).ok());
-  ASSERT_TRUE(s.Mount("c:1", {{1 << 20, 1 << 20}}, &replaced).ok());
+  ASSERT_TRUE(s.Mount("a:1", 1, {{1 << 20, 1 << 20}}, &replaced).ok());
+  ASSERT_TRUE(s.Mount("b:1", 1, {{1 << 20, 1 << 20}}, &replaced).ok());
+  ASSERT_TRUE(s.Mount("c:1", 1, {{1 << 20, 1 << 20}}, &replaced).ok());
   for (const char* pref : {"a:1", "b:1", "c:1"}) {
     auto r = s.Allocate({4096, 3, pref});
     ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -55,14 +55,14 @@ TEST(Space, PlacesReplicasOnDistinctNodesPreferredFirst) {
     EXPECT_EQ(nodes.size(), 3u);
     EXPECT_EQ(r.value()[0].node, pref);
   }
-  EXPECT_EQ(s.Allocate({4096, 4, ""}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.Allocate({4096, 4, ""}).status().code(), StatusCode::kUnavailable);
   EXPECT_EQ(s.Allocate({2 << 20, 1, ""}).status().code(), StatusCode::kResourceExhausted);
 }
 
 TEST(Space, SplitsAReplicaOverFreeBlocksWhenFragmented) {
   Space s;
   uint64_t replaced = 0;
-  ASSERT_TRUE(s.Mount("a:1", {{1 << 20, 4096}}, &replaced).ok());
+  ASSERT_TRUE(s.Mount("a:1", 1, {{1 << 20, 4096}}, &replaced).ok());
   std::vector<Allocation> held;
   for (int i = 0; i < 4; ++i) held.push_back(s.Allocate({1024, 1, ""}).value()[0]);
   s.Free(held[0]);
@@ -77,9 +77,9 @@ TEST(Space, SplitsAReplicaOverFreeBlocksWhenFragmented) {
 TEST(Space, RemountGetsANewGenerationAndIgnoresStaleFrees) {
   Space s;
   uint64_t replaced = 0;
-  auto g1 = s.Mount("a:1", {{1 << 20, 4096}}, &replaced);
+  auto g1 = s.Mount("a:1", 1, {{1 << 20, 4096}}, &replaced);
   auto old = s.Allocate({4096, 1, ""}).value()[0];
-  auto g2 = s.Mount("a:1", {{1 << 20, 4096}}, &replaced);
+  auto g2 = s.Mount("a:1", 1, {{1 << 20, 4096}}, &replaced);
   EXPECT_EQ(replaced, g1.value());
   EXPECT_NE(g1.value(), g2.value());
   auto fresh = s.Allocate({4096, 1, ""});
@@ -91,11 +91,13 @@ TEST(Space, RemountGetsANewGenerationAndIgnoresStaleFrees) {
 TEST(Space, RejectsBadRegions) {
   Space s;
   uint64_t replaced = 0;
-  EXPECT_EQ(s.Mount("a:1", {}, &replaced).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(s.Mount("a:1", {{0, 4096}}, &replaced).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(s.Mount("a:1", {{~0ull - 100, 4096}}, &replaced).status().code(),
+  EXPECT_EQ(s.Mount("a:1", 1, {}, &replaced).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.Mount("a:1", 0, {{4096, 4096}}, &replaced).status().code(),
+            StatusCode::kInvalidArgument);  // no epoch
+  EXPECT_EQ(s.Mount("a:1", 1, {{0, 4096}}, &replaced).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.Mount("a:1", 1, {{~0ull - 100, 4096}}, &replaced).status().code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(s.Mount("a:1", {{4096, 8192}, {8192, 4096}}, &replaced).status().code(),
+  EXPECT_EQ(s.Mount("a:1", 1, {{4096, 8192}, {8192, 4096}}, &replaced).status().code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(s.Usage().nodes, 0u);
 }

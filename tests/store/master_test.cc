@@ -35,7 +35,7 @@ Status Put(Master& m, const std::string& key, uint64_t size, uint32_t replicas =
 
 TEST(Master, APutIsInvisibleUntilCommittedAndAbortFreesIt) {
   Master m(Fast());
-  ASSERT_TRUE(m.Mount("n:1", {{kBase, 1 << 20}}).ok());
+  ASSERT_TRUE(m.Mount("n:1", 1, {{kBase, 1 << 20}}).ok());
   auto g = m.PutBegin({"k", 1000, 1, "", StorePin::kNone, Millis(0)}, "");
   ASSERT_TRUE(g.ok());
   EXPECT_EQ(m.Exists("k").code(), StatusCode::kNotFound);
@@ -54,7 +54,7 @@ TEST(Master, APutIsInvisibleUntilCommittedAndAbortFreesIt) {
 
 TEST(Master, AbandonedPutIsReclaimed) {
   Master m(Fast());
-  ASSERT_TRUE(m.Mount("n:1", {{kBase, 4096}}).ok());
+  ASSERT_TRUE(m.Mount("n:1", 1, {{kBase, 4096}}).ok());
   auto g = m.PutBegin({"k", 4096, 1, "", StorePin::kNone, Millis(0)}, "");
   ASSERT_TRUE(g.ok());
   EXPECT_TRUE(Eventually([&] { return m.Stats().puts_reclaimed == 1; }));
@@ -67,7 +67,7 @@ TEST(Master, LeaseRefusesRemoveUnlessForcedAndFencesTheSpace) {
   MasterOptions o = Fast();
   o.lease = Millis(2000);  // far longer than the few calls below take
   Master m(o);
-  ASSERT_TRUE(m.Mount("n:1", {{kBase, 4096}}).ok());
+  ASSERT_TRUE(m.Mount("n:1", 1, {{kBase, 4096}}).ok());
   ASSERT_TRUE(Put(m, "k", 4096).ok());
   auto g = m.Get("k");
   ASSERT_TRUE(g.ok());
@@ -87,7 +87,7 @@ TEST(Master, ReleasedLeasesNoLongerFence) {
   MasterOptions o = Fast();
   o.lease = Millis(60000);
   Master m(o);
-  ASSERT_TRUE(m.Mount("n:1", {{kBase, 4096}}).ok());
+  ASSERT_TRUE(m.Mount("n:1", 1, {{kBase, 4096}}).ok());
   ASSERT_TRUE(Put(m, "k", 4096).ok());
   auto a = m.Get("k");
   auto b = m.Get("k");
@@ -107,7 +107,7 @@ TEST(Master, SyncEvictionTakesLeastRecentlyUsedAndSparesLeasedAndPinned) {
   o.high_watermark = 1.0;  // background eviction off: only allocation failures evict
   o.low_watermark = 1.0;
   Master m(o);
-  ASSERT_TRUE(m.Mount("n:1", {{kBase, 4 * 4096}}).ok());
+  ASSERT_TRUE(m.Mount("n:1", 1, {{kBase, 4 * 4096}}).ok());
   for (const char* k : {"a", "b", "c", "d"}) ASSERT_TRUE(Put(m, k, 4096).ok());
   ASSERT_TRUE(m.Get("a").ok());  // leased: never evicted
   ASSERT_TRUE(m.SetPin("b", StorePin::kHard, Millis(0)).ok());
@@ -134,7 +134,7 @@ TEST(Master, BackgroundEvictionBringsUsageUnderTheLowWatermark) {
   o.high_watermark = 0.5;
   o.low_watermark = 0.25;
   Master m(o);
-  ASSERT_TRUE(m.Mount("n:1", {{kBase, 8 * 4096}}).ok());
+  ASSERT_TRUE(m.Mount("n:1", 1, {{kBase, 8 * 4096}}).ok());
   for (int i = 0; i < 8; ++i) ASSERT_TRUE(Put(m, fmt::format("k{}", i), 4096).ok());
   EXPECT_TRUE(Eventually([&] { return m.Stats().space.used <= 2 * 4096; }));
   EXPECT_TRUE(m.Exists("k7").ok());  // the most recent stays
@@ -145,8 +145,8 @@ TEST(Master, SilentNodeLosesItsReplicasAndLoneObjectsDisappear) {
   MasterOptions o = Fast();
   o.node_ttl = Millis(300);
   Master m(o);
-  ASSERT_TRUE(m.Mount("a:1", {{kBase, 1 << 20}}).ok());
-  ASSERT_TRUE(m.Mount("b:1", {{kBase, 1 << 20}}).ok());
+  ASSERT_TRUE(m.Mount("a:1", 1, {{kBase, 1 << 20}}).ok());
+  ASSERT_TRUE(m.Mount("b:1", 1, {{kBase, 1 << 20}}).ok());
   auto g = m.PutBegin({"both", 100, 2, "", StorePin::kNone, Millis(0)}, "");
   ASSERT_TRUE(g.ok() && m.PutEnd("both", g.value().put_id, true).ok());
   g = m.PutBegin({"on_a", 100, 1, "a:1", StorePin::kNone, Millis(0)}, "");
@@ -166,7 +166,7 @@ TEST(Master, SilentNodeLosesItsReplicasAndLoneObjectsDisappear) {
 
 TEST(Master, MetricsText) {
   Master m(Fast());
-  ASSERT_TRUE(m.Mount("a:1", {{kBase, 1 << 20}}).ok());
+  ASSERT_TRUE(m.Mount("a:1", 1, {{kBase, 1 << 20}}).ok());
   ASSERT_TRUE(Put(m, "k", 100).ok());
   std::string t = MetricsText(m.Stats());
   EXPECT_NE(t.find("ferry_store_nodes 1\n"), std::string::npos) << t;

@@ -72,7 +72,7 @@ TEST(Store, ReplicasLandOnDistinctNodes) {
     EXPECT_EQ(segs.size(), 3u);
   }
   po.replicas = 4;
-  EXPECT_EQ(s.value()->Put("r/too-many", Pattern(10, 1), po).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.value()->Put("r/too-many", Pattern(10, 1), po).code(), StatusCode::kUnavailable);
   // A preferred segment gets the first copy.
   PutOptions pref;
   pref.preferred_segment = c.value().nodes[2].segment;

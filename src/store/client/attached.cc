@@ -184,9 +184,10 @@ std::vector<Result<ObjectLocation>> AttachedStore::Locate(std::span<const std::s
       const uint32_t reps = r.U32();
       good = r.ok() && reps <= 64;
       for (uint32_t j = 0; good && j < reps; ++j) {
+        StoreReplica rep;
+        rep.epoch = r.U64();
         const uint32_t exts = r.U32();
         good = r.ok() && exts <= 64;
-        StoreReplica rep;
         for (uint32_t e = 0; good && e < exts; ++e) {
           StoreExtent x;
           x.segment = r.Str(attach::kMaxMessage);

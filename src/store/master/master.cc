@@ -43,16 +43,16 @@ Master::Shard& Master::ShardOf(const std::string& key) {
     counters_.field += (n);        \
   } while (0)
 
-Status Master::Mount(const std::string& node, const std::vector<Region>& regions) {
+Status Master::Mount(const std::string& node, uint64_t epoch, const std::vector<Region>& regions) {
   if (node.empty() || node.size() > 256) {
     return Status::InvalidArgument("node name must be 1 to 256 bytes");
   }
   uint64_t replaced = 0;
-  auto gen = space_.Mount(node, regions, &replaced);
+  auto gen = space_.Mount(node, epoch, regions, &replaced);
   if (!gen.ok()) return gen.status();
   if (replaced != 0) DropNode(node, replaced);
-  FERRY_LOG_INFO("master: node {} mounted {} regions (generation {})", node, regions.size(),
-                 gen.value());
+  FERRY_LOG_INFO("master: node {} (epoch {:x}) mounted {} regions (generation {})", node, epoch,
+                 regions.size(), gen.value());
   return Status::Ok();
 }
 
@@ -110,6 +110,7 @@ void Master::FreeLater(std::vector<Allocation> replicas, Clock::time_point until
 static std::vector<StoreReplica> Replicas(const std::vector<Allocation>& allocations) {
   std::vector<StoreReplica> out(allocations.size());
   for (size_t r = 0; r < allocations.size(); ++r) {
+    out[r].epoch = allocations[r].epoch;
     for (const Extent& e : allocations[r].extents) {
       out[r].extents.push_back({allocations[r].node, e.addr, e.length});
     }

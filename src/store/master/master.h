@@ -64,10 +64,11 @@ class Master {
 
   const MasterOptions& options() const { return options_; }
 
-  // Node membership. Mount replaces an earlier mount of the same node and drops
-  // the replicas it held. Heartbeat is NotFound for an unknown node, which then
-  // mounts again (after a master restart, or once expired).
-  Status Mount(const std::string& node, const std::vector<Region>& regions);
+  // Node membership. `epoch` is the node process's engine epoch, which every
+  // location on it carries. Mount replaces an earlier mount of the same node
+  // and drops the replicas it held. Heartbeat is NotFound for an unknown
+  // node, which then mounts again (after a master restart, or once expired).
+  Status Mount(const std::string& node, uint64_t epoch, const std::vector<Region>& regions);
   Status Heartbeat(const std::string& node);
   Status Unmount(const std::string& node);
 

@@ -40,6 +40,7 @@ grpc::Status CheckCount(int n) {
 }
 
 void ToProto(const StoreReplica& a, pb::Replica* r) {
+  r->set_epoch(a.epoch);
   for (const auto& e : a.extents) {
     auto* x = r->add_extents();
     x->set_segment(e.segment);
@@ -75,7 +76,7 @@ class Service final : public pb::Master::Service {
         return BadRequest("too many regions");
       }
       for (const auto& r : req->regions()) regions.push_back({r.base(), r.size()});
-      SetStatus(m_.Mount(req->node(), regions), resp->mutable_status());
+      SetStatus(m_.Mount(req->node(), req->epoch(), regions), resp->mutable_status());
       resp->set_node_ttl_ms(static_cast<uint64_t>(m_.options().node_ttl.count()));
       return grpc::Status::OK;
     });

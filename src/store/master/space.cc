@@ -10,9 +10,10 @@ uint64_t Space::Node::free_bytes() const {
   return n;
 }
 
-Result<uint64_t> Space::Mount(const std::string& node, const std::vector<Region>& regions,
-                              uint64_t* replaced) {
+Result<uint64_t> Space::Mount(const std::string& node, uint64_t epoch,
+                              const std::vector<Region>& regions, uint64_t* replaced) {
   *replaced = 0;
+  if (epoch == 0) return Status::InvalidArgument("a mount needs the node's engine epoch");
   if (regions.empty() || regions.size() > kMaxRegions) {
     return Status::InvalidArgument("a mount needs 1 to " + std::to_string(kMaxRegions) +
                                    " regions");
@@ -37,6 +38,7 @@ Result<uint64_t> Space::Mount(const std::string& node, const std::vector<Region>
   }
   Node n;
   n.generation = next_generation_++;
+  n.epoch = epoch;
   n.last_seen = Clock::now();
   for (const Region& r : sorted) n.slabs.push_back(Slab{r, OffsetAllocator(r.size)});
   const uint64_t gen = n.generation;
@@ -120,8 +122,8 @@ void Space::FreeOn(Node& node, const std::vector<Extent>& extents) {
 Result<std::vector<Allocation>> Space::Allocate(const Placement& p) {
   std::lock_guard lock(mu_);
   if (nodes_.size() < p.replicas) {
-    return Status::InvalidArgument(std::to_string(p.replicas) + " replicas need as many nodes; " +
-                                   std::to_string(nodes_.size()) + " mounted");
+    return Status::Unavailable(std::to_string(p.replicas) + " replicas need as many nodes; " +
+                               std::to_string(nodes_.size()) + " mounted");
   }
   std::vector<std::pair<const std::string*, Node*>> order;
   for (auto& [name, n] : nodes_) order.emplace_back(&name, &n);
@@ -133,7 +135,7 @@ Result<std::vector<Allocation>> Space::Allocate(const Placement& p) {
   std::vector<Allocation> out;
   for (auto& [name, node] : order) {
     if (out.size() == p.replicas) break;
-    Allocation a{*name, node->generation, {}};
+    Allocation a{*name, node->generation, node->epoch, {}};
     if (AllocateOn(*node, p.size, &a.extents)) out.push_back(std::move(a));
   }
   if (out.size() < p.replicas) {

@@ -29,10 +29,12 @@ struct Extent {
 };
 
 // One replica's space. `generation` names the mount it came from, so space of a
-// node that died and mounted again is never freed into its new allocators.
+// node that died and mounted again is never freed into its new allocators;
+// `epoch` is that node process's engine epoch, which its addresses belong to.
 struct Allocation {
   std::string node;
   uint64_t generation = 0;
+  uint64_t epoch = 0;
   std::vector<Extent> extents;
 };
 
@@ -54,11 +56,12 @@ class Space {
   static constexpr size_t kMaxExtents = store::kMaxExtents;
   static constexpr size_t kMaxRegions = store::kMaxRegions;
 
-  // Mounts `node`, replacing an earlier mount of the same name, whose
-  // generation goes to *replaced (0 if none). InvalidArgument for empty,
-  // overlapping, wrapping or too many regions. Returns the new generation.
-  Result<uint64_t> Mount(const std::string& node, const std::vector<Region>& regions,
-                         uint64_t* replaced);
+  // Mounts `node`, the process of engine epoch `epoch`, replacing an earlier
+  // mount of the same name, whose generation goes to *replaced (0 if none).
+  // InvalidArgument for a zero epoch, empty, overlapping, wrapping or too
+  // many regions. Returns the new generation.
+  Result<uint64_t> Mount(const std::string& node, uint64_t epoch,
+                         const std::vector<Region>& regions, uint64_t* replaced);
   // Records a heartbeat; false when the node is not mounted.
   bool Touch(const std::string& node);
   // Unmounts `node`; its generation, or 0 if it was not mounted.
@@ -68,8 +71,8 @@ class Space {
 
   // `replicas` allocations of `size` bytes on distinct nodes, the preferred node
   // first when it fits, then the nodes with most free space. All or nothing:
-  // ResourceExhausted when it does not fit, InvalidArgument when there are
-  // fewer nodes than replicas.
+  // ResourceExhausted when it does not fit, Unavailable when fewer nodes
+  // than replicas are mounted (a node away: a retry may succeed).
   Result<std::vector<Allocation>> Allocate(const Placement& placement);
   // Returns space; ignored when its node's generation is gone.
   void Free(const Allocation& allocation);
@@ -83,6 +86,7 @@ class Space {
   };
   struct Node {
     uint64_t generation = 0;
+    uint64_t epoch = 0;
     Clock::time_point last_seen;
     std::vector<Slab> slabs;
     uint64_t free_bytes() const;

@@ -543,6 +543,7 @@ Status Session::Locate(ByteReader& r, ByteWriter& w) {
     w.U64(static_cast<uint64_t>(l.lease.count()));
     w.U32(static_cast<uint32_t>(l.replicas.size()));
     for (const auto& rep : l.replicas) {
+      w.U64(rep.epoch);
       w.U32(static_cast<uint32_t>(rep.extents.size()));
       for (const auto& e : rep.extents) {
         w.Str(e.segment);

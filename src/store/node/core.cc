@@ -253,14 +253,18 @@ Status StoreCore::CopyLocal(std::span<const LocalCopy> copies, Op op, void* own,
     // The node's side is the engine's "remote" address in its own segment.
     uint8_t* mine = op == Op::kWrite ? const_cast<uint8_t*>(c.src) : c.dst;
     const uint8_t* node = op == Op::kWrite ? c.dst : c.src;
-    reqs->push_back({op, mine, self.value(), reinterpret_cast<uint64_t>(node), c.length});
+    reqs->push_back(
+        {op, mine, self.value(), reinterpret_cast<uint64_t>(node), c.length, engine_.epoch()});
     owner->push_back(c.owner);
   }
   return Status::Ok();
 }
 
-bool StoreCore::Local(const StoreExtent& e) const {
-  return node_ != nullptr && e.segment == engine_.name() && node_->Owns(e.addr, e.length);
+bool StoreCore::Local(const StoreReplica& rep, const StoreExtent& e) const {
+  // Of this process's own epoch only: a location of this node's previous
+  // incarnation goes to the engine, which refuses it (PeerRestarted).
+  return node_ != nullptr && rep.epoch == engine_.epoch() && e.segment == engine_.name() &&
+         node_->Owns(e.addr, e.length);
 }
 
 std::vector<Status> StoreCore::Put(std::span<const std::string> keys,
@@ -312,12 +316,12 @@ std::vector<Status> StoreCore::Put(std::span<const std::string> keys,
     const Source& src = values[index[j]];
     for (const auto& rep : g[j].value().replicas) {
       Pieces(rep, src.parts, [&](uint8_t* p, const StoreExtent& e, uint64_t eo, uint64_t n) {
-        if (Local(e)) {
+        if (Local(rep, e)) {
           local.push_back({reinterpret_cast<uint8_t*>(e.addr + eo), p, n, j});
         } else if (auto seg = Segment(e.segment); !seg.ok()) {
           st = seg.status();
         } else {
-          reqs.push_back({Op::kWrite, p, seg.value(), e.addr + eo, n});
+          reqs.push_back({Op::kWrite, p, seg.value(), e.addr + eo, n, rep.epoch});
           owner.push_back(j);
         }
       });
@@ -360,12 +364,12 @@ Status StoreCore::ReadPrefix(const StoreReplica& rep, size_t n, Deadline deadlin
   std::vector<Request> reqs;
   Status st;
   Pieces(rep, into, [&](uint8_t* p, const StoreExtent& e, uint64_t eo, uint64_t len) {
-    if (Local(e)) {
+    if (Local(rep, e)) {
       std::memcpy(p, reinterpret_cast<const void*>(e.addr + eo), len);
     } else if (auto seg = Segment(e.segment); !seg.ok()) {
       st = seg.status();
     } else {
-      reqs.push_back({Op::kRead, p, seg.value(), e.addr + eo, len});
+      reqs.push_back({Op::kRead, p, seg.value(), e.addr + eo, len, rep.epoch});
     }
   });
   std::vector<Status> moved;
@@ -427,7 +431,7 @@ std::vector<Result<size_t>> StoreCore::Get(std::span<const std::string> keys, st
     }
     lease_end = std::min(lease_end, t0 + loc.lease);
     for (size_t r = 0; r < loc.replicas.size(); ++r) {
-      const bool local = Local(loc.replicas[r].extents.front());
+      const bool local = Local(loc.replicas[r], loc.replicas[r].extents.front());
       if (local) {
         order[j].insert(order[j].begin(), r);
       } else {
@@ -468,12 +472,12 @@ std::vector<Result<size_t>> StoreCore::Get(std::span<const std::string> keys, st
     for (size_t j : pending) {
       const StoreReplica& rep = found[j].value().location.replicas[order[j][round]];
       Pieces(rep, dst[j], [&](uint8_t* p, const StoreExtent& e, uint64_t eo, uint64_t n) {
-        if (Local(e)) {
+        if (Local(rep, e)) {
           local.push_back({p, reinterpret_cast<const uint8_t*>(e.addr + eo), n, j});
         } else if (auto seg = Segment(e.segment); !seg.ok()) {
           item[j] = seg.status();
         } else {
-          reqs.push_back({Op::kRead, p, seg.value(), e.addr + eo, n});
+          reqs.push_back({Op::kRead, p, seg.value(), e.addr + eo, n, rep.epoch});
           owner.push_back(j);
         }
       });

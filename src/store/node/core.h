@@ -115,7 +115,8 @@ class StoreCore {
 
  private:
   Result<SegmentId> Segment(const std::string& name);
-  bool Local(const StoreExtent& e) const;
+  // Whether `e`, of `rep`, is this process's node memory, of this epoch.
+  bool Local(const StoreReplica& rep, const StoreExtent& e) const;
   // The first `n` bytes of a replica, from this node's memory or read by the engine.
   Status ReadPrefix(const StoreReplica& rep, size_t n, Deadline deadline, std::string* out);
   // Copies to and from `node_`'s memory: inline, or (large) as requests on

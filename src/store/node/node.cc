@@ -54,7 +54,7 @@ bool StoreNode::Owns(uint64_t addr, uint64_t length) const {
 
 Status StoreNode::MountOnce() {
   Millis ttl{0};
-  Status st = client_->Mount(engine_.name(), regions_, &ttl);
+  Status st = client_->Mount(engine_.name(), engine_.epoch(), regions_, &ttl);
   if (!st.ok()) return st;
   // A third of the master's TTL at most; the ticker runs from Start on.
   ticker_->SetPeriod(std::max(Millis(5), std::min(options_.heartbeat, ttl / 3)));

@@ -45,7 +45,9 @@ Result<std::vector<StoreReplica>> ReadReplicas(
     if (r.extents().empty() || r.extents_size() > kMaxReplicaExtents) {
       return Status::ProtocolError("master sent a replica with bad extents");
     }
+    if (r.epoch() == 0) return Status::ProtocolError("master sent a replica without an epoch");
     StoreReplica rep;
+    rep.epoch = r.epoch();
     uint64_t total = 0;
     for (const auto& e : r.extents()) {
       if (e.segment().empty() || e.length() == 0 || e.addr() == 0 ||
@@ -138,11 +140,12 @@ Result<std::unique_ptr<MasterClient>> MasterClient::Connect(const std::string& a
   return std::unique_ptr<MasterClient>(new MasterClient(address, std::move(impl)));
 }
 
-Status MasterClient::Mount(const std::string& node,
+Status MasterClient::Mount(const std::string& node, uint64_t epoch,
                            const std::vector<std::pair<uint64_t, uint64_t>>& regions,
                            Millis* node_ttl) {
   pb::MountRequest req;
   req.set_node(node);
+  req.set_epoch(epoch);
   for (auto [base, size] : regions) {
     auto* r = req.add_regions();
     r->set_base(base);

@@ -30,9 +30,10 @@ class MasterClient {
 
   const std::string& address() const { return address_; }
 
-  // Node membership. `*node_ttl` gets the master's heartbeat TTL.
-  Status Mount(const std::string& node, const std::vector<std::pair<uint64_t, uint64_t>>& regions,
-               Millis* node_ttl);
+  // Node membership: `epoch` is the node's engine epoch. `*node_ttl` gets
+  // the master's heartbeat TTL.
+  Status Mount(const std::string& node, uint64_t epoch,
+               const std::vector<std::pair<uint64_t, uint64_t>>& regions, Millis* node_ttl);
   Status Heartbeat(const std::string& node);
   Status Unmount(const std::string& node);
 
