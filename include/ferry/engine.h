@@ -40,8 +40,15 @@ struct EngineOptions {
   // Address to listen on and to advertise in the segment name.
   std::string host = "127.0.0.1";
   uint16_t port = 0;  // 0 picks a free port
-  // "p2p": descriptors are fetched from each peer's listener. Nothing else yet.
+  // "p2p": descriptors are fetched from each peer's listener.
+  // "etcd://host:port[,host:port]/CLUSTER": the engine publishes its
+  // descriptor in etcd under /ferry/CLUSTER/engines/<name>, bound to a lease
+  // of metadata_ttl that it keeps alive (a killed engine's entry goes within
+  // it), and peers read it from there: OpenSegment needs no reachable
+  // listener, and a peer whose entry went is NotFound. docs/cluster.md.
   std::string metadata = "p2p";
+  // etcd metadata: the lease's TTL; env FERRY_METADATA_TTL_S (1..3600).
+  std::chrono::seconds metadata_ttl{10};
   // Empty (or auto) picks the best transport per request. Otherwise the
   // registered name of a transport that moves host memory between processes
   // (tcp or shm), which then serves every host-memory request, to this
@@ -130,8 +137,10 @@ class Engine {
   // range, a transport that cannot be forced (EngineOptions::transport) or a
   // malformed FERRY_* environment variable (named in the message), or a key
   // file (auth_key_file, FERRY_AUTH_KEY_FILE) that is missing, empty, too
-  // short or readable by group or others; NotSupported for an unknown
-  // metadata mode.
+  // short or readable by group or others, or a malformed etcd:// metadata
+  // string; NotSupported for an unknown metadata mode; with etcd metadata,
+  // Unavailable (naming the endpoints) or Timeout when etcd does not answer
+  // within connect_timeout per endpoint.
   static Result<std::unique_ptr<Engine>> Create(EngineOptions options);
   ~Engine();
   Engine(const Engine&) = delete;
@@ -146,7 +155,9 @@ class Engine {
   // Exposes [addr, addr+length) to peers. AlreadyExists if it overlaps a
   // registered range, InvalidArgument for null or zero length. The memory stays
   // owned by the caller and must outlive the registration. Host or GPU memory
-  // is told apart here, once.
+  // is told apart here, once. With etcd metadata, this and the three calls
+  // below also republish the descriptor, blocking up to connect_timeout per
+  // etcd endpoint; if etcd fails, that is retried in the background.
   Status RegisterMemory(void* addr, size_t length);
   // Withdraws a registration: requests checked after the call fail with
   // OutOfRange; those already under way may still touch the memory. NotFound
@@ -164,10 +175,11 @@ class Engine {
   // with RegisterMemory (UnregisterMemory withdraws it).
   Status FreeMemory(void* addr);
 
-  // Resolves "host:port", fetching and caching the peer's descriptor; blocks up
-  // to connect_timeout. InvalidArgument for a malformed name, Unavailable when
-  // nobody listens, Timeout when the peer does not answer in time,
-  // ProtocolError for a malformed descriptor or one of another Ferry version,
+  // Resolves "host:port", fetching and caching the peer's descriptor (from
+  // etcd, with etcd metadata: NotFound when no such engine is published);
+  // blocks up to connect_timeout. InvalidArgument for a malformed name,
+  // Unavailable when nobody listens (or etcd does not answer), Timeout when
+  // the peer does not answer in time, ProtocolError for a malformed descriptor or one of another Ferry version,
   // Unauthenticated when the peer and this engine do not hold the same
   // cluster secret (a request to such a peer fails the same way).
   // The engine's own name gives a local segment. Each call opens a new one.

@@ -172,7 +172,10 @@ class TransferEngine:
     or "shm" forces one. Timeouts are in seconds; None keeps the C++ defaults.
     `auth_key_file`: the cluster secret's file (mode 0600); peers must prove it,
     and this engine proves it to the peers it opens. None: $FERRY_AUTH_KEY_FILE,
-    else no authentication."""
+    else no authentication. `metadata`: "p2p" (descriptors from each peer's
+    listener), or "etcd://host:port[,host:port]/CLUSTER": the engine publishes
+    itself in etcd under a lease of `metadata_ttl` seconds (None: 10, or
+    $FERRY_METADATA_TTL_S) and finds peers there."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *,
                  transport: Optional[str] = None, metadata: str = "p2p",
@@ -180,13 +183,17 @@ class TransferEngine:
                  connect_timeout: Optional[float] = None, tcp_lanes: int = 0,
                  tcp_chunk_bytes: int = 0, tcp_chunks_in_flight: int = 0,
                  io_threads: int = 0, copy_threads: int = 0,
-                 auth_key_file: Optional[str] = None) -> None:
+                 auth_key_file: Optional[str] = None,
+                 metadata_ttl: Optional[int] = None) -> None:
+        if metadata_ttl is not None and int(metadata_ttl) < 1:
+            raise InvalidArgument(f"metadata_ttl must be at least 1 s, not {metadata_ttl}")
         self._engine = _ferry.Engine(
             host=host, port=port, metadata=metadata, transport=transport or "",
             tcp_lanes=tcp_lanes, tcp_chunk_bytes=tcp_chunk_bytes,
             tcp_chunks_in_flight=tcp_chunks_in_flight, io_threads=io_threads,
             copy_threads=copy_threads, request_timeout_ms=_millis(request_timeout),
-            connect_timeout_ms=_millis(connect_timeout), auth_key_file=auth_key_file or "")
+            connect_timeout_ms=_millis(connect_timeout), auth_key_file=auth_key_file or "",
+            metadata_ttl_s=int(metadata_ttl or 0))
         self._registered: dict[int, Buffer] = {}  # keeps registered objects alive
         self._segments: dict[str, Segment] = {}
 

@@ -105,7 +105,7 @@ std::unique_ptr<PyEngine> CreateEngine(const std::string& host, int port,
                                        int tcp_lanes, uint64_t tcp_chunk_bytes,
                                        int tcp_chunks_in_flight, int io_threads, int copy_threads,
                                        int64_t request_timeout_ms, int64_t connect_timeout_ms,
-                                       const std::string& auth_key_file) {
+                                       const std::string& auth_key_file, int64_t metadata_ttl_s) {
   if (port < 0 || port > 65535) RaiseInvalid("port must be in [0, 65535]");
   ferry::EngineOptions o;
   o.host = host;
@@ -121,6 +121,7 @@ std::unique_ptr<PyEngine> CreateEngine(const std::string& host, int port,
   if (request_timeout_ms > 0) o.request_timeout = Millis(request_timeout_ms);
   if (connect_timeout_ms > 0) o.connect_timeout = Millis(connect_timeout_ms);
   o.auth_key_file = auth_key_file;
+  if (metadata_ttl_s > 0) o.metadata_ttl = std::chrono::seconds(metadata_ttl_s);
   auto engine = Take(NoGil([&] { return ferry::Engine::Create(std::move(o)); }));
   return std::make_unique<PyEngine>(std::shared_ptr<ferry::Engine>(std::move(engine)));
 }
@@ -228,7 +229,7 @@ PYBIND11_MODULE(_ferry, m) {
            py::arg("tcp_chunk_bytes") = 0, py::arg("tcp_chunks_in_flight") = 0,
            py::arg("io_threads") = 0, py::arg("copy_threads") = 0,
            py::arg("request_timeout_ms") = 0, py::arg("connect_timeout_ms") = 0,
-           py::arg("auth_key_file") = "")
+           py::arg("auth_key_file") = "", py::arg("metadata_ttl_s") = 0)
       .def_property_readonly("name", [](const PyEngine& e) { return e.Get().name(); })
       .def_property_readonly("epoch", [](const PyEngine& e) { return e.Get().epoch(); })
       .def_property_readonly("auth_failures",

@@ -102,6 +102,19 @@ def gpu_skip_reason() -> Optional[str]:
 
 
 @pytest.fixture
+def etcd():
+    """A fresh etcd_server.EtcdServer on loopback ports; skips the test, saying
+    why, when etcd is not installed. Killed, and its data removed, after it."""
+    from etcd_server import EtcdServer, etcd_binary
+
+    if etcd_binary() is None:
+        pytest.skip("etcd is not installed (Debian: etcd-server; scripts/install-deps)")
+    server = EtcdServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
 def cluster():
     """A fresh store_cluster.Cluster: start `ferry master` and `ferry node` in it;
     its processes are stopped after the test."""

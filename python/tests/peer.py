@@ -7,6 +7,7 @@ Commands, one per line, each answered with one line:
     quit
 KIND is "numpy", "bytearray" or "managed" (engine memory); with --gpu also "gpu".
 --api mooncake exposes the memory through ferry.compat.mooncake instead.
+--metadata is the engine's metadata (Mooncake's metadata_server with --api mooncake).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ def main() -> None:
     p.add_argument("--transport", default="")
     p.add_argument("--size", type=int, default=1 << 20)
     p.add_argument("--gpu", action="store_true")
+    p.add_argument("--metadata", default="")
     args = p.parse_args()
     # Replies get their own descriptor; the library's log lines go to stderr.
     out = os.fdopen(os.dup(1), "w", buffering=1)
@@ -45,7 +47,8 @@ def main() -> None:
     if args.api == "ferry":
         import ferry
 
-        engine = ferry.TransferEngine(transport=args.transport or None)
+        engine = ferry.TransferEngine(transport=args.transport or None,
+                                      metadata=args.metadata or "p2p")
         addresses = {k: engine.register(v) for k, v in arrays.items()}
         views["managed"] = engine.allocate(args.size)
         addresses["managed"] = ferry.resolve(views["managed"], writable=False).address
@@ -56,7 +59,8 @@ def main() -> None:
         from ferry.compat.mooncake import TransferEngine
 
         engine = TransferEngine()
-        assert engine.initialize("127.0.0.1", "P2PHANDSHAKE", args.transport or "rdma", "") == 0
+        assert engine.initialize("127.0.0.1", args.metadata or "P2PHANDSHAKE",
+                                 args.transport or "rdma", "") == 0
         addresses = {}
         for k, v in arrays.items():
             addresses[k] = addr(v)

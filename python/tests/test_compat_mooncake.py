@@ -19,7 +19,7 @@ SIZE = 1 << 20
 
 def test_initialize_conventions():
     te = TransferEngine()
-    assert te.initialize("127.0.0.1", "etcd://127.0.0.1:2379", "tcp", "") == -1
+    assert te.initialize("127.0.0.1", "redis://127.0.0.1:6379", "tcp", "") == -1
     assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "carrier-pigeon", "") == -1
     assert te.initialize("localhost", "P2PHANDSHAKE", "tcp", "") == 0
     port = te.get_rpc_port()

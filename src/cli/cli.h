@@ -19,6 +19,7 @@ struct ServeArgs {
   std::string host = "127.0.0.1";
   uint16_t port = 0;
   std::string transport;
+  std::string metadata = "p2p";     // EngineOptions::metadata: p2p or etcd://...
   uint64_t alloc_bytes = 64 << 20;  // engine-allocated (memfd) memory
   bool prefault = false;            // touch every page of it at start, as a store node does
   bool non_dumpable = false;        // untraceable by its own uid, as a hardened application is
@@ -147,6 +148,7 @@ int WaitForStopSignal(bool or_usr1 = false);
 // on stderr, prefixed by `who`, and returns null.
 std::unique_ptr<Engine> StartServingEngine(const char* who, const std::string& host, uint16_t port,
                                            const std::string& transport,
-                                           const std::string& auth_key_file = "");
+                                           const std::string& auth_key_file = "",
+                                           const std::string& metadata = "p2p");
 
 }  // namespace ferry::cli

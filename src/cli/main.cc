@@ -55,13 +55,15 @@ int WaitForStopSignal(bool or_usr1) {
 
 std::unique_ptr<Engine> StartServingEngine(const char* who, const std::string& host, uint16_t port,
                                            const std::string& transport,
-                                           const std::string& auth_key_file) {
+                                           const std::string& auth_key_file,
+                                           const std::string& metadata) {
   BlockStopSignals();  // before the engine starts its threads, so they inherit it
   EngineOptions o;
   o.host = host;
   o.port = port;
   o.transport = transport;
   o.auth_key_file = auth_key_file;
+  o.metadata = metadata;
   auto engine = Engine::Create(o);
   if (!engine.ok()) {
     std::fprintf(stderr, "%s: %s\n", who, engine.status().ToString().c_str());
@@ -98,6 +100,8 @@ int main(int argc, char** argv) {
   s->add_option("--host", serve.host, "Address to listen on");
   s->add_option("--port", serve.port, "Port (0 picks one)");
   s->add_option("--transport", serve.transport, "Force tcp or shm");
+  s->add_option("--metadata", serve.metadata,
+                "p2p, or etcd://host:port[,host:port]/CLUSTER to publish in etcd");
   s->add_option("--alloc", serve_alloc, "Engine-allocated (memfd) bytes to expose");
   s->add_option("--heap", serve_heap, "Heap bytes to register and expose");
   s->add_flag("--prefault", serve.prefault, "Touch every page of --alloc at start");

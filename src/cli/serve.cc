@@ -22,7 +22,8 @@ int Serve(const ServeArgs& args) {
     std::fprintf(stderr, "ferry serve: PR_SET_DUMPABLE: %s\n", std::strerror(errno));
     return 1;
   }
-  auto engine = StartServingEngine("ferry serve", args.host, args.port, args.transport);
+  auto engine =
+      StartServingEngine("ferry serve", args.host, args.port, args.transport, "", args.metadata);
   if (!engine) return 1;
   Engine& e = *engine;
   nlohmann::json out = {{"segment", e.name()}, {"epoch", e.epoch()}, {"pid", getpid()}};

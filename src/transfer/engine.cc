@@ -24,8 +24,10 @@
 #include "common/thread_name.h"
 #include "common/thread_pool.h"
 #include "common/ticker.h"
+#include "coord/etcd_url.h"
 #include "gpu/copier.h"
 #include "gpu/gpu.h"
+#include "transfer/etcd_metadata.h"
 #include "transfer/io_pool.h"
 #include "transfer/listener.h"
 #include "transfer/local_memory.h"
@@ -50,6 +52,7 @@ class Engine::Impl {
   explicit Impl(EngineOptions o) : options_(std::move(o)) {}
 
   ~Impl() {
+    if (etcd_) etcd_->Stop();  // withdraws our entry; its watch reaches the peer table
     if (watch_) watch_->Stop();  // its job reaches the peer table
     watch_.reset();
     if (listener_) listener_->Stop();
@@ -72,9 +75,7 @@ class Engine::Impl {
   Status Init() {
     FERRY_RETURN_IF_ERROR(ApplyEnv());
     FERRY_ASSIGN_OR_RETURN(key_, auth::LoadConfigured(options_.auth_key_file));
-    if (options_.metadata != "p2p") {
-      return Status::NotSupported("metadata '" + options_.metadata + "' is not supported; use p2p");
-    }
+    FERRY_RETURN_IF_ERROR(ConnectMetadata());
     std::random_device rd;
     std::mt19937_64 gen((static_cast<uint64_t>(rd()) << 32) ^ rd() ^
                         static_cast<uint64_t>(Clock::now().time_since_epoch().count()));
@@ -140,15 +141,26 @@ class Engine::Impl {
     watch_ = std::make_unique<Ticker>("ferry-watch", PeerTable::kWatchPeriod, [this](bool woken) {
       watch_->SetPeriod(peers_->WatchRound(woken));
     });
-    peers_ = std::make_unique<PeerTable>(
-        PeerTable::Config{name_, options_.connect_timeout, [this] { return Describe(); }, key_},
-        watch_.get());
+    PeerTable::Config pc{name_, options_.connect_timeout, [this] { return Describe(); }, key_};
+    if (etcd_) pc.fetch = [this](const std::string& name) { return etcd_->Fetch(name); };
+    peers_ = std::make_unique<PeerTable>(std::move(pc), watch_.get());
     router_ = std::make_unique<Router>(*transports_, *peers_, memory_->registry(), has_gpu);
     submitter_ = std::make_unique<Submitter>(*router_, *peers_, copier_.get(), relay_.get(),
                                              options_.request_timeout);
     io_.Start("ferry-io");
     watch_->Start();
+    if (etcd_) {
+      FERRY_RETURN_IF_ERROR(etcd_->Start(
+          name_, [this] { return Describe(); },
+          [this](const std::string& peer) { peers_->Invalidate(peer); }));
+    }
     return Status::Ok();
+  }
+
+  // After a registration change: etcd metadata publishes the new descriptor.
+  Status Published(Status st) {
+    if (st.ok() && etcd_) etcd_->Republish();
+    return st;
   }
 
   const std::string& name() const { return name_; }
@@ -166,6 +178,21 @@ class Engine::Impl {
   }
 
  private:
+  // p2p needs nothing; etcd:// is parsed and etcd asked to answer now, so a
+  // typo or an unreachable etcd fails Create rather than the first open.
+  Status ConnectMetadata() {
+    if (options_.metadata == "p2p") return Status::Ok();
+    if (!coord::IsEtcdUrl(options_.metadata)) {
+      return Status::NotSupported("metadata '" + options_.metadata +
+                                  "' is not supported; use p2p or "
+                                  "etcd://host:port[,host:port]/CLUSTER");
+    }
+    FERRY_ASSIGN_OR_RETURN(etcd_, EtcdMetadata::Connect(options_.metadata,
+                                                        options_.connect_timeout,
+                                                        options_.metadata_ttl.count()));
+    return Status::Ok();
+  }
+
   // InvalidArgument, naming the variable, where one is malformed.
   Status ApplyEnv() {
     if (options_.transport.empty()) {
@@ -238,6 +265,7 @@ class Engine::Impl {
   std::unique_ptr<PeerTable> peers_;
   std::unique_ptr<Router> router_;
   std::unique_ptr<Submitter> submitter_;
+  std::unique_ptr<EtcdMetadata> etcd_;  // null: p2p
 };
 
 Result<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
@@ -253,11 +281,17 @@ const std::string& Engine::name() const { return impl_->name(); }
 uint64_t Engine::epoch() const { return impl_->epoch(); }
 EngineStats Engine::Stats() const { return impl_->Stats(); }
 Status Engine::RegisterMemory(void* addr, size_t length) {
-  return impl_->memory().Register(addr, length);
+  return impl_->Published(impl_->memory().Register(addr, length));
 }
-Status Engine::UnregisterMemory(void* addr) { return impl_->memory().Unregister(addr); }
-Result<void*> Engine::AllocateMemory(size_t length) { return impl_->memory().Allocate(length); }
-Status Engine::FreeMemory(void* addr) { return impl_->memory().Free(addr); }
+Status Engine::UnregisterMemory(void* addr) {
+  return impl_->Published(impl_->memory().Unregister(addr));
+}
+Result<void*> Engine::AllocateMemory(size_t length) {
+  auto p = impl_->memory().Allocate(length);
+  if (p.ok()) (void)impl_->Published(Status::Ok());
+  return p;
+}
+Status Engine::FreeMemory(void* addr) { return impl_->Published(impl_->memory().Free(addr)); }
 Result<SegmentId> Engine::OpenSegment(std::string_view name) { return impl_->OpenSegment(name); }
 Result<SegmentInfo> Engine::GetSegmentInfo(SegmentId id) { return impl_->peers().Info(id); }
 Status Engine::CloseSegment(SegmentId id) { return impl_->peers().Close(id); }

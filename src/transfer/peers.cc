@@ -25,9 +25,21 @@ bool SameRegions(const SegmentDescriptor& a, const SegmentDescriptor& b) {
 Result<std::shared_ptr<Segment>> PeerTable::Open(std::string_view name) {
   FERRY_ASSIGN_OR_RETURN(SegmentAddress addr, ParseSegmentName(name));
   if (name == cfg_.self_name) return Add(name, addr, cfg_.describe_self());
-  FERRY_ASSIGN_OR_RETURN(SegmentDescriptor d,
-                         FetchDescriptor(addr, cfg_.connect_timeout, cfg_.key));
+  FERRY_ASSIGN_OR_RETURN(SegmentDescriptor d, Fetch(std::string(name), addr));
   return Add(name, addr, std::move(d));
+}
+
+Result<SegmentDescriptor> PeerTable::Fetch(const std::string& name,
+                                           const SegmentAddress& addr) const {
+  if (cfg_.fetch) return cfg_.fetch(name);
+  return FetchDescriptor(addr, cfg_.connect_timeout, cfg_.key);
+}
+
+void PeerTable::Invalidate(std::string_view name) {
+  std::lock_guard lk(mu_);
+  for (auto& [id, seg] : segments_) {
+    if (!seg->is_self() && (name.empty() || seg->name() == name)) seg->MarkStale();
+  }
 }
 
 std::shared_ptr<Segment> PeerTable::Add(std::string_view name, const SegmentAddress& addr,
@@ -96,7 +108,7 @@ Status PeerTable::Refresh(Segment& seg) {
   if (seg.is_self()) {
     fresh = std::make_shared<SegmentDescriptor>(cfg_.describe_self());
   } else {
-    auto d = FetchDescriptor({seg.host(), seg.port()}, cfg_.connect_timeout, cfg_.key);
+    auto d = Fetch(seg.name(), {seg.host(), seg.port()});
     if (!d.ok()) {
       seg.MarkStale();  // try again next time
       return d.status();

@@ -28,6 +28,9 @@ class PeerTable {
     std::function<SegmentDescriptor()> describe_self;
     // The cluster secret, proven to peers before each fetch; null: none.
     std::shared_ptr<const auth::Key> key = nullptr;
+    // Where a peer's descriptor comes from (etcd metadata); null: from the
+    // peer's listener (p2p, FetchDescriptor).
+    std::function<Result<SegmentDescriptor>(const std::string& name)> fetch = nullptr;
   };
   // How often the watch looks: while it follows a peer, when a peer it
   // could not refetch is tried again, and while it follows none.
@@ -50,6 +53,9 @@ class PeerTable {
                                SegmentDescriptor desc);
   // Null when `id` is not open.
   std::shared_ptr<Segment> Find(SegmentId id) const;
+  // The descriptor of every open segment named `name` (every segment, when
+  // empty) is refetched before its next use: its metadata entry changed.
+  void Invalidate(std::string_view name);
   // Engine::CloseSegment: NotFound, or the segment is forgotten and its
   // endpoints closed (their held tasks fail with Cancelled).
   Status Close(SegmentId id);
@@ -81,6 +87,7 @@ class PeerTable {
   // Endpoints that cannot follow a registration change are dropped; work in
   // flight keeps them, and their mappings, until done.
   static void Follow(Segment& seg, const SegmentDescriptor& fresh);
+  Result<SegmentDescriptor> Fetch(const std::string& name, const SegmentAddress& addr) const;
 
   const Config cfg_;
   Ticker* const watch_;

@@ -47,8 +47,10 @@ TEST(EngineContract, CreateRefusesWhatItCannotServe) {
   host.host = "not-an-address";
   EXPECT_EQ(CreateFails(host), StatusCode::kInvalidArgument);
   EngineOptions metadata;
-  metadata.metadata = "etcd://127.0.0.1:2379";
+  metadata.metadata = "zookeeper://127.0.0.1:2181/c";
   EXPECT_EQ(CreateFails(metadata), StatusCode::kNotSupported);
+  metadata.metadata = "etcd://127.0.0.1:2379";  // no cluster (etcd_engine_test has more)
+  EXPECT_EQ(CreateFails(metadata), StatusCode::kInvalidArgument);
   EngineOptions taken;
   const int busy = test::ListenOnLoopback(&taken.port);
   ASSERT_GE(busy, 0);

@@ -33,6 +33,31 @@ def _first_error(handle: Transfer) -> Optional[Exception]:
     return next((r.error for r in handle.results() if r.error is not None), None)
 
 
+# The etcd cluster name Mooncake's metadata strings do not carry.
+ETCD_CLUSTER_ENV = "FERRY_ETCD_CLUSTER"
+DEFAULT_ETCD_CLUSTER = "mooncake"
+
+
+def metadata_for(metadata_server: str) -> Optional[str]:
+    """Ferry's EngineOptions.metadata for Mooncake's metadata_server, or None
+    for one Ferry does not serve (http://, redis://). Mooncake takes etcd as
+    "etcd://host:port" or a bare "host:port" (several joined by ',' or ';');
+    those map to "etcd://host:port,.../CLUSTER", CLUSTER from
+    $FERRY_ETCD_CLUSTER (default "mooncake"). Ferry's own
+    "etcd://ENDPOINTS/CLUSTER" passes unchanged."""
+    if metadata_server == P2PHANDSHAKE:
+        return "p2p"
+    rest = metadata_server or ""
+    if rest.startswith("etcd://"):
+        rest = rest[len("etcd://"):]
+    elif "://" in rest or not rest:
+        return None
+    endpoints, slash, cluster = rest.partition("/")
+    if not slash:
+        cluster = os.environ.get(ETCD_CLUSTER_ENV) or DEFAULT_ETCD_CLUSTER
+    return "etcd://" + endpoints.replace(";", ",") + "/" + cluster
+
+
 class TransferOpcode(enum.IntEnum):
     Read = READ
     Write = WRITE
@@ -69,9 +94,10 @@ class TransferEngine:
         if self._engine is not None:
             log.error("initialize: already initialized")
             return _FAILED
-        if metadata_server != P2PHANDSHAKE:
-            log.error("initialize: metadata server %r is not supported; use %s",
-                      metadata_server, P2PHANDSHAKE)
+        metadata = metadata_for(metadata_server)
+        if metadata is None:
+            log.error("initialize: metadata server %r is not supported; use %s or an etcd "
+                      "address (host:port, etcd://host:port)", metadata_server, P2PHANDSHAKE)
             return _FAILED
         proto = (protocol or "").lower()
         if proto not in _AUTO_PROTOCOLS | _FORCED_PROTOCOLS:
@@ -85,7 +111,7 @@ class TransferEngine:
         def create() -> None:
             # Mooncake's MC_TRANSFER_TIMEOUT (seconds) bounds each transfer.
             timeout = os.environ.get("MC_TRANSFER_TIMEOUT")
-            self._engine = _Engine(host, int(port or 0), transport=transport,
+            self._engine = _Engine(host, int(port or 0), transport=transport, metadata=metadata,
                                    request_timeout=float(timeout) if timeout else None)
 
         return _status("initialize", create)
