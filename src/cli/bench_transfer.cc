@@ -31,20 +31,25 @@ namespace {
 constexpr uint64_t kRefSink = 1, kRefSource = 2;
 
 // The target's side of the raw reference: each stream on a thread of its own.
-// A command is {mode u64, total u64, block u64}; a sink answers one byte
-// after `total`.
+// A command is {mode u64, total u64, block u64, spread u64}; a sink answers
+// one byte after `total`. Blocks cycle through `spread` bytes (at least one
+// block): see ReferenceStream.
 void ServeReferenceStream(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  uint64_t cmd[3];
-  if (ReadAll(fd, cmd, sizeof(cmd)) && cmd[2] > 0 && cmd[2] <= (1ull << 30)) {
-    std::vector<char> buf(cmd[2], 1);
-    uint64_t left = cmd[1];
+  uint64_t cmd[4];
+  if (ReadAll(fd, cmd, sizeof(cmd)) && cmd[2] > 0 && cmd[2] <= (1ull << 30) &&
+      cmd[3] <= (8ull << 30)) {
+    const uint64_t block = cmd[2], span = std::max(block, cmd[3] / block * block);
+    std::vector<char> buf(span, 1);
+    uint64_t left = cmd[1], off = 0;
     bool ok = true;
     while (ok && left > 0) {
-      size_t n = std::min<uint64_t>(left, buf.size());
-      ok = cmd[0] == kRefSink ? ReadAll(fd, buf.data(), n) : WriteAll(fd, buf.data(), n);
+      size_t n = std::min<uint64_t>(left, block);
+      ok =
+          cmd[0] == kRefSink ? ReadAll(fd, buf.data() + off, n) : WriteAll(fd, buf.data() + off, n);
       left -= n;
+      off = (off + block) % span;
     }
     char done = 1;
     if (ok && cmd[0] == kRefSink) WriteAll(fd, &done, 1);
@@ -61,9 +66,11 @@ void ServeReference(int lfd) {
 }
 
 // One raw stream of `total` bytes in `block`-sized sends (write) or receives
-// (read). False on any socket error.
+// (read). With `spread` above one block, both ends cycle through that many
+// bytes, as the engine's batch does through its buffers, instead of one hot
+// block. False on any socket error.
 bool ReferenceStream(const std::string& host, uint16_t port, bool write, uint64_t total,
-                     uint64_t block) {
+                     uint64_t block, uint64_t spread) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -76,14 +83,16 @@ bool ReferenceStream(const std::string& host, uint16_t port, bool write, uint64_
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   block = std::min<uint64_t>(block, 1ull << 30);
-  uint64_t cmd[3] = {write ? kRefSink : kRefSource, total, block};
-  std::vector<char> buf(block, 2);
+  const uint64_t span = std::max(block, spread / block * block);
+  uint64_t cmd[4] = {write ? kRefSink : kRefSource, total, block, span};
+  std::vector<char> buf(span, 2);
   bool ok = WriteAll(fd, cmd, sizeof(cmd));
-  uint64_t left = total;
+  uint64_t left = total, off = 0;
   while (ok && left > 0) {
     size_t n = std::min<uint64_t>(left, block);
-    ok = write ? WriteAll(fd, buf.data(), n) : ReadAll(fd, buf.data(), n);
+    ok = write ? WriteAll(fd, buf.data() + off, n) : ReadAll(fd, buf.data() + off, n);
     left -= n;
+    off = (off + block) % span;
   }
   char done;
   if (ok && write) ok = ReadAll(fd, &done, 1);
@@ -95,7 +104,7 @@ bool ReferenceStream(const std::string& host, uint16_t port, bool write, uint64_
 // TCP streams at once, as many as the engine's lanes, so both sides get the
 // same parallelism. GB/s, 0 on failure.
 double ReferenceTcp(const std::string& host, uint16_t port, bool write, uint64_t total,
-                    uint64_t block, int streams) {
+                    uint64_t block, int streams, uint64_t spread) {
   const uint64_t share = total / static_cast<uint64_t>(streams);
   std::atomic<int> failed{0};
   std::vector<std::thread> threads;
@@ -103,7 +112,7 @@ double ReferenceTcp(const std::string& host, uint16_t port, bool write, uint64_t
   for (int i = 0; i < streams; ++i) {
     const uint64_t n = i + 1 < streams ? share : total - share * static_cast<uint64_t>(i);
     threads.emplace_back([&, n] {
-      if (!ReferenceStream(host, port, write, n, block)) failed.fetch_add(1);
+      if (!ReferenceStream(host, port, write, n, block, spread)) failed.fetch_add(1);
     });
   }
   for (auto& t : threads) t.join();
@@ -271,8 +280,10 @@ int RunInitiator(const BenchArgs& a) {
         static_cast<int>(env::GetInt("FERRY_TCP_LANES", EngineOptions{}.tcp_lanes).value());
     ref_name = "tcp_streams";
     uint64_t peer_host_end = a.peer.rfind(':');
+    // --ref-spread: the streams share out the bytes the engine's batches touch.
+    const uint64_t spread = a.ref_spread ? local_bytes / static_cast<uint64_t>(ref_streams) : 0;
     ref = ReferenceTcp(a.peer.substr(0, peer_host_end), a.ref_port, op == Op::kWrite, total,
-                       a.block_size, ref_streams);
+                       a.block_size, ref_streams, spread);
   } else if (a.gpu_src >= 0 || a.gpu_dst >= 0) {
     ref_name = "cudaMemcpyAsync";
     auto r = gpu::CopyBandwidth(a.gpu_src, a.gpu_dst, a.block_size, std::min(a.duration, 2.0));
@@ -312,6 +323,7 @@ int RunInitiator(const BenchArgs& a) {
                         {"p99_us", p99},
                         {"reference", ref_name},
                         {"reference_streams", ref_streams},
+                        {"reference_spread", a.ref_spread},
                         {"reference_gbps", ref},
                         {"ratio", ratio}};
     std::printf("%s\n", j.dump().c_str());
@@ -330,6 +342,7 @@ std::vector<std::string> CommonArgs(const BenchArgs& a) {
                                    "--host",       a.host};
   if (a.gpu_src >= 0) args.insert(args.end(), {"--gpu-src", std::to_string(a.gpu_src)});
   if (a.gpu_dst >= 0) args.insert(args.end(), {"--gpu-dst", std::to_string(a.gpu_dst)});
+  if (a.ref_spread) args.push_back("--ref-spread");
   return args;
 }
 

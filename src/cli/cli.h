@@ -42,8 +42,9 @@ struct BenchArgs {
   bool json = false;
   std::string host = "127.0.0.1";
   uint16_t port = 0;
-  std::string peer;       // initiator: the target's segment name
-  uint16_t ref_port = 0;  // initiator: the target's raw reference socket
+  std::string peer;         // initiator: the target's segment name
+  uint16_t ref_port = 0;    // initiator: the target's raw reference socket
+  bool ref_spread = false;  // the raw streams cycle through the batch's bytes
 };
 int BenchTransfer(const BenchArgs& args);
 
@@ -99,7 +100,7 @@ struct NodeArgs {
   uint64_t segment_size = 256ull << 20;
   int segments = 1;
   int64_t heartbeat_ms = 1000;
-  std::string socket;               // serve attached applications here, if set
+  std::string socket;                // serve attached applications here, if set
   std::vector<uint32_t> allow_uids;  // may attach besides this uid and root
   // The cluster secret, for the engine, the master calls and the socket;
   // empty: FERRY_AUTH_KEY_FILE, if set.
