@@ -1,0 +1,169 @@
+#include "store/rpc/leader.h"
+
+#include "common/log.h"
+#include "common/ticker.h"
+#include "coord/etcd_client.h"
+#include "coord/lease_keeper.h"
+
+namespace ferry::store {
+namespace {
+
+constexpr size_t kMaxAddressBytes = 256;
+
+// A leader key's state as a LeaderInfo; ProtocolError for one no candidate
+// of ours could have written.
+Result<LeaderInfo> Decode(const coord::KeyValue& kv) {
+  if (kv.value.empty() || kv.value.size() > kMaxAddressBytes || kv.create_revision <= 0) {
+    return Status::ProtocolError("etcd: malformed leader entry under " + kv.key);
+  }
+  return LeaderInfo{kv.value, static_cast<uint64_t>(kv.create_revision)};
+}
+
+}  // namespace
+
+std::string LeaderKey(std::string_view cluster) {
+  return "/ferry/" + std::string(cluster) + "/master/leader";
+}
+
+// ---- LeaderElection ----
+
+Result<std::unique_ptr<LeaderElection>> LeaderElection::Start(
+    std::shared_ptr<coord::EtcdClient> etcd, std::string cluster, Options options,
+    ElectedFn elected, DeposedFn deposed) {
+  if (options.address.empty() || options.address.size() > kMaxAddressBytes) {
+    return Status::InvalidArgument("a master candidate needs its address (1 to 256 bytes)");
+  }
+  if (options.ttl_seconds < 1)
+    return Status::InvalidArgument("the leader lease TTL must be >= 1 s");
+  std::unique_ptr<LeaderElection> e(new LeaderElection(std::move(etcd), std::move(cluster),
+                                                       std::move(options), std::move(elected),
+                                                       std::move(deposed)));
+  e->ticker_->Start();
+  return e;
+}
+
+LeaderElection::LeaderElection(std::shared_ptr<coord::EtcdClient> etcd, std::string cluster,
+                               Options options, ElectedFn elected, DeposedFn deposed)
+    : etcd_(std::move(etcd)),
+      key_(LeaderKey(cluster)),
+      options_(std::move(options)),
+      elected_(std::move(elected)),
+      deposed_(std::move(deposed)),
+      ticker_(
+          std::make_unique<Ticker>("ferry-election", options_.poll, [this](bool) { Round(); })) {}
+
+LeaderElection::~LeaderElection() {
+  ticker_->Stop();
+  if (keeper_ == nullptr) return;
+  const coord::LeaseId id = keeper_->id();
+  keeper_.reset();
+  // Resigning: the key goes with the lease, so a standby takes over at once.
+  Status st = etcd_->LeaseRevoke(id);
+  if (!st.ok() && st.code() != StatusCode::kNotFound) {
+    FERRY_LOG_WARN("election: could not resign ({}); the key lasts its TTL", st.ToString());
+  }
+}
+
+void LeaderElection::Depose(const Status& why) {
+  const bool was = term_.exchange(0) != 0;
+  if (was) {
+    FERRY_LOG_WARN("election: no longer leading {}: {}", key_, why.ToString());
+    if (deposed_) deposed_(why);
+  }
+}
+
+// One step: hold a fresh lease, then try to take the key, or check that it
+// is still ours.
+void LeaderElection::Round() {
+  if (keeper_ != nullptr && lease_lost_.load()) {
+    keeper_.reset();
+    Depose(Status::Unavailable("the leader lease was lost"));
+  }
+  if (keeper_ == nullptr) {
+    auto lease = etcd_->LeaseGrant(options_.ttl_seconds);
+    if (!lease.ok()) return;  // etcd unreachable: try again next round
+    lease_lost_ = false;
+    keeper_ = std::make_unique<coord::LeaseKeeper>(etcd_, lease.value(),
+                                                   [this](const Status&) { lease_lost_ = true; });
+  }
+  const coord::LeaseId lease = keeper_->id();
+  if (leading()) {
+    auto kv = etcd_->Get(key_);
+    if (!kv.ok()) return;  // the lease keeper says when etcd is gone for good
+    if (!kv.value() || kv.value()->lease != lease) {
+      // Deleted by hand, or taken over: our lease is of no use for the key now.
+      keeper_.reset();
+      (void)etcd_->LeaseRevoke(lease);
+      Depose(Status::Unavailable("the leader key is no longer this candidate's"));
+    }
+    return;
+  }
+  auto txn = etcd_->Txn({coord::Compare::Absent(key_)},
+                        {coord::TxnOp::Put(key_, options_.address, lease), coord::TxnOp::Get(key_)},
+                        {coord::TxnOp::Get(key_)});
+  if (!txn.ok()) return;
+  const auto& reads = txn.value().reads;
+  if (reads.empty() || reads.back().kvs.size() != 1) return;  // deleted between: next round
+  const coord::KeyValue& kv = reads.back().kvs.front();
+  if (kv.lease != lease) return;  // someone else leads
+  auto info = Decode(kv);
+  if (!info.ok()) return;
+  term_ = info.value().term;
+  FERRY_LOG_INFO("election: leading {} as {} in term {}", key_, options_.address,
+                 info.value().term);
+  if (elected_) elected_(info.value().term);
+}
+
+// ---- LeaderResolver ----
+
+Result<std::unique_ptr<LeaderResolver>> LeaderResolver::Start(
+    std::shared_ptr<coord::EtcdClient> etcd, std::string cluster, Millis poll) {
+  std::unique_ptr<LeaderResolver> r(new LeaderResolver(std::move(etcd), std::move(cluster), poll));
+  r->ticker_->Start();
+  return r;
+}
+
+LeaderResolver::LeaderResolver(std::shared_ptr<coord::EtcdClient> etcd, std::string cluster,
+                               Millis poll)
+    : etcd_(std::move(etcd)),
+      key_(LeaderKey(cluster)),
+      last_error_(Status::Unavailable("no leader read yet")),
+      ticker_(std::make_unique<Ticker>("ferry-leader", poll, [this](bool) { Poll(); })) {}
+
+LeaderResolver::~LeaderResolver() { ticker_->Stop(); }
+
+void LeaderResolver::Poll() {
+  auto kv = etcd_->Get(key_);
+  std::lock_guard lk(mu_);
+  if (!kv.ok()) {
+    // Keep the last leader: etcd being away does not make it go.
+    last_error_ = kv.status();
+    return;
+  }
+  if (!kv.value()) {
+    leader_.reset();
+    last_error_ = Status::Unavailable("no master leads " + key_ + " now");
+    return;
+  }
+  auto info = Decode(*kv.value());
+  if (!info.ok()) {
+    leader_.reset();
+    last_error_ = info.status();
+    return;
+  }
+  // Terms never go back: a stale read (another endpoint behind) is ignored.
+  if (!leader_ || info.value().term >= leader_->term) leader_ = info.value();
+  cv_.notify_all();
+}
+
+Result<LeaderInfo> LeaderResolver::Leader(Millis wait) {
+  std::unique_lock lk(mu_);
+  if (!cv_.wait_for(lk, wait, [this] { return leader_.has_value(); })) {
+    return Status::Unavailable("no master leader: " + last_error_.ToString());
+  }
+  return *leader_;
+}
+
+void LeaderResolver::Refresh() { ticker_->Wake(); }
+
+}  // namespace ferry::store
