@@ -159,6 +159,10 @@ struct StoreStats {
   uint64_t used = 0;      // bytes allocated to objects (complete or being written)
   uint64_t nodes = 0;
   uint64_t objects = 0;  // complete or being written
+  uint64_t term = 0;     // the master's fencing term; 0 without elections
+  // Objects the master rebuilt from the catalog of the last node to mount,
+  // and from every mount since it started.
+  uint64_t recovered = 0, recovered_total = 0;
 };
 
 class Store {

@@ -67,6 +67,9 @@ struct MasterArgs {
   double low_watermark = 0.80;
   int shards = 16;
   uint64_t max_object_size = 1ull << 32;
+  // The fencing term (store::MasterOptions::term); -1: the wall clock in ms,
+  // so a restarted master's is higher than its predecessor's.
+  int64_t term = -1;
   std::string auth_key_file;  // the cluster secret; empty: FERRY_AUTH_KEY_FILE, if set
   // Lines printed once on stderr at start: the Mooncake flags that were
   // accepted but mean nothing in Ferry (ApplyMooncakeMasterFlags).

@@ -4,6 +4,7 @@
 #include <csignal>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 
 #include "cli/cli.h"
 #include "ferry/engine.h"
@@ -157,6 +158,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{10}, int64_t{86400000}));
   m->add_option("--tick-ms", ma.tick_ms, "Background reclaim/expiry/eviction period")
       ->check(CLI::Range(int64_t{1}, int64_t{60000}));
+  m->add_option("--term", ma.term,
+                "Fencing term; nodes and clients refuse older ones (default: the clock in ms)")
+      ->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
   m->add_option("--high-watermark", ma.high_watermark, "Evict in the background above this")
       ->check(CLI::Range(0.0, 1.0));
   m->add_option("--low-watermark", ma.low_watermark, "... down to this fraction used")

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cstdio>
 #include <limits>
+#include <chrono>
 #include <nlohmann/json.hpp>
 
 #include "cli/cli.h"
@@ -248,6 +249,13 @@ int Master(const MasterArgs& args) {
   o.master.low_watermark = args.low_watermark;
   o.master.shards = args.shards;
   o.master.max_object_size = args.max_object_size;
+  // Without elections, the clock orders a master's terms across restarts:
+  // objects rebuilt from the nodes then come from an older term.
+  o.master.term = args.term >= 0 ? static_cast<uint64_t>(args.term)
+                                 : static_cast<uint64_t>(std::chrono::duration_cast<Millis>(
+                                                             std::chrono::system_clock::now()
+                                                                 .time_since_epoch())
+                                                             .count());
   o.auth_key_file = args.auth_key_file;
   auto server = store::MasterServer::Start(o);
   if (!server.ok()) {
@@ -256,6 +264,7 @@ int Master(const MasterArgs& args) {
   }
   nlohmann::json out = {{"address", server.value()->address()},
                         {"http_port", server.value()->http_port()},
+                        {"term", o.master.term},
                         {"pid", getpid()}};
   std::printf("%s\n", out.dump().c_str());
   std::fflush(stdout);

@@ -99,6 +99,9 @@ int StoreCommand(const StoreArgs& a) {
                       {"used", x.used},
                       {"nodes", x.nodes},
                       {"objects", x.objects},
+                      {"term", x.term},
+                      {"recovered", x.recovered},
+                      {"recovered_total", x.recovered_total},
                       {"master", s.master_address()}};
   std::printf("%s\n", j.dump().c_str());
   return 0;

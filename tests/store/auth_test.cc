@@ -68,8 +68,7 @@ TEST(StoreAuth, CallsWithoutTheKeyOrWithAnotherAreUnauthenticated) {
   // One with the key mounts a node's region, so there is something to take.
   auto owner = store::MasterClient::Connect(address, Millis(5000), right.value());
   ASSERT_TRUE(owner.ok());
-  Millis ttl{0};
-  ASSERT_TRUE(owner.value()->Mount("127.0.0.1:1", 1, {{0x10000, 1 << 20}}, &ttl).ok());
+  ASSERT_TRUE(owner.value()->Mount({"127.0.0.1:1", 1, {{0x10000, 1 << 20}}, {}, false}).ok());
   int refused = 0;
   for (const auto& key_held : {std::shared_ptr<const auth::Key>(), wrong.value()}) {
     const char* who = key_held ? "another key" : "no key";

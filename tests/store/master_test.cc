@@ -30,7 +30,10 @@ using test::Eventually;
 Status Put(Master& m, const std::string& key, uint64_t size, uint32_t replicas = 1) {
   auto g = m.PutBegin({key, size, replicas, "", StorePin::kNone, Millis(0)}, "");
   if (!g.ok()) return g.status();
-  return m.PutEnd(key, g.value().put_id, true);
+  Status st = m.PutEnd(key, g.value().put_id, true);
+  // Each node catalogs the object at its next heartbeat, as a live one does.
+  for (const auto& r : g.value().replicas) (void)m.Heartbeat(r.extents[0].segment, ~0ull);
+  return st;
 }
 
 TEST(Master, APutIsInvisibleUntilCommittedAndAbortFreesIt) {

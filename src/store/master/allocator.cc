@@ -40,6 +40,20 @@ std::optional<uint64_t> OffsetAllocator::Allocate(uint64_t length) {
   return offset;
 }
 
+bool OffsetAllocator::Claim(uint64_t offset, uint64_t length) {
+  if (length == 0 || offset % kAlign != 0 || offset > size_) return false;
+  const uint64_t need = RoundUp(length);
+  auto it = by_offset_.upper_bound(offset);
+  if (it == by_offset_.begin()) return false;
+  --it;  // the free block starting at or before offset
+  const uint64_t start = it->first, block = it->second;
+  if (offset - start > block || need > block - (offset - start)) return false;
+  Erase(it);
+  if (offset > start) Insert(start, offset - start);
+  if (start + block > offset + need) Insert(offset + need, start + block - offset - need);
+  return true;
+}
+
 void OffsetAllocator::Free(uint64_t offset, uint64_t length) {
   uint64_t start = offset;
   uint64_t len = RoundUp(length);

@@ -21,6 +21,10 @@ class OffsetAllocator {
   std::optional<uint64_t> Allocate(uint64_t length);
   // Returns [offset, offset+RoundUp(length)), which Allocate gave out.
   void Free(uint64_t offset, uint64_t length);
+  // Takes exactly [offset, offset+RoundUp(length)), as Allocate would have
+  // given it: a master rebuilt from its nodes' catalogs claims their objects.
+  // False, and nothing taken, unless offset is aligned and all of it is free.
+  bool Claim(uint64_t offset, uint64_t length);
 
   uint64_t size() const { return size_; }
   uint64_t free_bytes() const { return free_bytes_; }

@@ -22,7 +22,7 @@ uint64_t Bytes(const std::vector<Allocation>& replicas) {
 
 }  // namespace
 
-Master::Master(MasterOptions options) : options_(std::move(options)) {
+Master::Master(MasterOptions options) : options_(std::move(options)), term_(options_.term) {
   const int n = std::max(1, options_.shards);
   for (int i = 0; i < n; ++i) shards_.push_back(std::make_unique<Shard>());
   ticker_ = std::make_unique<Ticker>("ferry-master", options_.tick, [this](bool) { Tick(); });
@@ -44,29 +44,66 @@ Master::Shard& Master::ShardOf(const std::string& key) {
   } while (0)
 
 Status Master::Mount(const std::string& node, uint64_t epoch, const std::vector<Region>& regions) {
-  if (node.empty() || node.size() > 256) {
-    return Status::InvalidArgument("node name must be 1 to 256 bytes");
-  }
-  uint64_t replaced = 0;
-  auto gen = space_.Mount(node, epoch, regions, &replaced);
-  if (!gen.ok()) return gen.status();
-  if (replaced != 0) DropNode(node, replaced);
-  FERRY_LOG_INFO("master: node {} (epoch {:x}) mounted {} regions (generation {})", node, epoch,
-                 regions.size(), gen.value());
-  return Status::Ok();
+  NodeMount m{node, epoch, {}, {}, false};
+  for (const Region& r : regions) m.regions.emplace_back(r.base, r.size);
+  return Mount(m).status();
 }
 
-Status Master::Heartbeat(const std::string& node) {
+Result<MountReply> Master::Mount(const NodeMount& m) {
+  if (m.node.empty() || m.node.size() > 256) {
+    return Status::InvalidArgument("node name must be 1 to 256 bytes");
+  }
+  std::vector<Region> regions;
+  for (auto [base, size] : m.regions) regions.push_back({base, size});
+  uint64_t replaced = 0;
+  auto gen = space_.Mount(m.node, m.epoch, regions, &replaced);
+  if (!gen.ok()) return gen.status();
+  log_.Reset(m.node, gen.value());
+  // Puts granted before (by this master or another) may still write the
+  // free space; a read lease may still read it.
+  if (m.resumed) {
+    space_.Fence(m.node, gen.value(),
+                 Clock::now() + std::max(options_.put_timeout, options_.lease) +
+                     options_.write_grace);
+  }
+  // Before the old mount's replicas go: one the catalog confirms moves to
+  // the new mount instead.
+  const uint64_t recovered = Recover(m.node, gen.value(), m.catalog);
+  if (replaced != 0) {
+    DropNode(m.node, replaced);
+    log_.Drop(m.node, replaced);
+  }
+  recovered_last_ = recovered;
+  FERRY_COUNT(recovered_total, recovered);
+  FERRY_LOG_INFO(
+      "master: node {} (epoch {:x}) mounted {} regions (generation {}); {} of {} catalog "
+      "entries recovered",
+      m.node, m.epoch, regions.size(), gen.value(), recovered, m.catalog.size());
+  return MountReply{options_.node_ttl, term(), recovered};
+}
+
+Result<std::vector<CatalogChange>> Master::Heartbeat(const std::string& node, uint64_t acked,
+                                                     bool fetch) {
   if (!space_.Touch(node)) {
     return Status::NotFound("node " + node + " is not mounted");
   }
-  return Status::Ok();
+  return log_.Since(node, acked, fetch);
+}
+
+Status Master::SetTerm(uint64_t t) {
+  uint64_t cur = term_.load();
+  while (t >= cur) {
+    if (term_.compare_exchange_weak(cur, t)) return Status::Ok();
+  }
+  return Status::InvalidArgument("term " + std::to_string(t) + " is below the current " +
+                                 std::to_string(cur));
 }
 
 Status Master::Unmount(const std::string& node) {
   const uint64_t gen = space_.Unmount(node);
   if (gen == 0) return Status::NotFound("node " + node + " is not mounted");
   DropNode(node, gen);
+  log_.Drop(node, gen);
   return Status::Ok();
 }
 
@@ -104,6 +141,33 @@ void Master::FreeLater(std::vector<Allocation> replicas, Clock::time_point until
     deferred_bytes_ += Bytes(a);
     deferred_.push_back({std::move(a), until});
   }
+}
+
+CatalogEntry Master::EntryOf(const std::string& key, const Object& o, const Allocation& a) const {
+  CatalogEntry e{key, o.size, {}, o.pin, Millis(0), o.term, o.put_id};
+  for (const Extent& x : a.extents) e.extents.emplace_back(x.addr, x.length);
+  const auto now = Clock::now();
+  if (o.pin_until > now) e.pin_ttl = std::chrono::duration_cast<Millis>(o.pin_until - now);
+  return e;
+}
+
+void Master::Catalog(const std::string& key, const Object& o) {
+  for (const Allocation& a : o.replicas) {
+    (void)log_.Add(a.node, a.generation, false, EntryOf(key, o, a));
+  }
+}
+
+// The space is reused without waiting for the nodes to forget the object: a
+// node checksums an object when it lists it and drops the entry at its next
+// mount if the bytes no longer match, so reused space does not come back as
+// the object (docs/store.md says where that falls short).
+void Master::FreeLater(const std::string& key, Object& o, Clock::time_point until) {
+  if (o.complete) {
+    for (const Allocation& a : o.replicas) {
+      (void)log_.Add(a.node, a.generation, true, EntryOf(key, o, a));
+    }
+  }
+  FreeLater(std::move(o.replicas), until);
 }
 
 // The replicas as clients address them: each extent names its node.
@@ -161,6 +225,7 @@ Result<PutGrant> Master::PutBegin(const PutSpec& spec, const std::string& client
   obj.last_access = now;
   obj.pin = spec.pin;
   obj.pin_until = now + spec.pin_ttl;
+  obj.term = term();
   {
     std::lock_guard lock(shard.mu);
     auto [it, inserted] = shard.objects.try_emplace(spec.key, obj);
@@ -187,6 +252,7 @@ Status Master::PutEnd(const std::string& key, uint64_t put_id, bool commit) {
   if (commit && now < it->second.put_deadline) {
     it->second.complete = true;
     it->second.last_access = now;
+    Catalog(key, it->second);
     FERRY_COUNT(puts_committed, 1);
     return Status::Ok();
   }
@@ -267,7 +333,7 @@ Status Master::RemoveLocked(Shard& shard, std::unordered_map<std::string, Object
   const auto lease_end = o.LeaseEnd(now);
   if (!force && lease_end > now) return Status::Busy("the key is leased");
   auto until = o.complete ? lease_end : now + options_.write_grace;
-  FreeLater(std::move(o.replicas), until);
+  FreeLater(it->first, o, until);
   shard.objects.erase(it);
   --objects_;
   FERRY_COUNT(removes, 1);
@@ -299,6 +365,7 @@ Status Master::SetPin(const std::string& key, StorePin pin, Millis ttl) {
   }
   it->second.pin = pin;
   it->second.pin_until = Clock::now() + ttl;
+  Catalog(key, it->second);
   return Status::Ok();
 }
 
@@ -335,7 +402,7 @@ uint64_t Master::Evict(uint64_t bytes, bool soft) {
     bool sp = false;
     if (it == shard.objects.end() || !evictable(it->second, &sp)) continue;  // changed since
     freed += Bytes(it->second.replicas);
-    FreeLater(std::move(it->second.replicas), now);
+    FreeLater(it->first, it->second, now);
     shard.objects.erase(it);
     --objects_;
     ++count;
@@ -385,6 +452,7 @@ void Master::Tick() {
     FERRY_COUNT(nodes_expired, 1);
     FERRY_LOG_WARN("master: node {} missed its heartbeat TTL; unmounting it", node);
     DropNode(node, gen);
+    log_.Drop(node, gen);
   }
   // Background eviction between the watermarks.
   SpaceUsage u = space_.Usage();
@@ -403,6 +471,9 @@ MasterStats Master::Stats() const {
   }
   s.space = space_.Usage();
   s.objects = objects_.load();
+  s.term = term();
+  s.recovered = recovered_last_.load();
+  s.catalog_pending = log_.Pending();
   std::lock_guard l(deferred_mu_);
   s.deferred_bytes = deferred_bytes_;
   return s;

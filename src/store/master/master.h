@@ -20,6 +20,7 @@
 #include "common/ticker.h"
 #include "ferry/status.h"
 #include "ferry/store.h"
+#include "store/master/catalog_log.h"
 #include "store/master/space.h"
 #include "store/rpc/requests.h"
 
@@ -36,6 +37,11 @@ struct MasterOptions {
   double low_watermark = 0.80;   // and stops below this one
   uint64_t max_object_size = 1ull << 32;
   uint32_t max_replicas = 8;
+  // The fencing term, sent with every answer (grants, mounts, heartbeats):
+  // nodes and clients refuse a master older than one they have seen. 0
+  // without elections; `ferry master` picks one from the clock, so a
+  // restarted master's is higher. Raised later by Master::SetTerm.
+  uint64_t term = 0;
 };
 
 struct MasterStats {
@@ -46,6 +52,11 @@ struct MasterStats {
   uint64_t gets = 0, get_misses = 0, exists = 0, removes = 0;
   uint64_t evicted_objects = 0, evicted_bytes = 0, sync_evictions = 0;
   uint64_t nodes_expired = 0, replicas_dropped = 0;
+  uint64_t term = 0;
+  // Objects (or replicas of known ones) taken from the catalog of the last
+  // node to mount, and from every mount since start.
+  uint64_t recovered = 0, recovered_total = 0;
+  uint64_t catalog_pending = 0;  // catalog changes the nodes have still to apply
   // Calls refused for not proving the cluster secret; counted by the
   // service (MasterServer), not by Master, which leaves it 0.
   uint64_t auth_failures = 0;
@@ -66,10 +77,18 @@ class Master {
 
   // Node membership. `epoch` is the node process's engine epoch, which every
   // location on it carries. Mount replaces an earlier mount of the same node
-  // and drops the replicas it held. Heartbeat is NotFound for an unknown
-  // node, which then mounts again (after a master restart, or once expired).
+  // and drops the replicas it held, then rebuilds objects from the node's
+  // catalog (recovery.cc has the rules); the entries it does not take are
+  // forgotten through the node's next heartbeats. Returns how many it took.
+  // Heartbeat is NotFound for an unknown node, which then mounts again
+  // (after a master restart, or once expired); else it returns the catalog
+  // changes after `acked` that the node has still to apply.
+  Result<MountReply> Mount(const NodeMount& mount);
   Status Mount(const std::string& node, uint64_t epoch, const std::vector<Region>& regions);
-  Status Heartbeat(const std::string& node);
+  // With `fetch` false it only records `acked`, and returns nothing.
+  Result<std::vector<CatalogChange>> Heartbeat(const std::string& node, uint64_t acked,
+                                               bool fetch = true);
+  Status Heartbeat(const std::string& node) { return Heartbeat(node, 0).status(); }
   Status Unmount(const std::string& node);
 
   // Allocates the replicas of a new object, in state "writing". AlreadyExists
@@ -99,6 +118,11 @@ class Master {
   void Tick();
   MasterStats Stats() const;
 
+  // The fencing term (MasterOptions::term). SetTerm raises it, as an
+  // election won does; InvalidArgument for a term below the current one.
+  uint64_t term() const { return term_.load(); }
+  Status SetTerm(uint64_t term);
+
   // InvalidArgument unless 1 <= key size <= kMaxKeyBytes. Clients check keys
   // with it too, before sending them.
   static Status CheckKey(std::string_view key);
@@ -116,6 +140,7 @@ class Master {
     Clock::time_point LeaseEnd(Clock::time_point now);
     StorePin pin = StorePin::kNone;
     Clock::time_point pin_until;
+    uint64_t term = 0;  // of the master that began the put: with put_id, its name
   };
   struct Shard {
     std::mutex mu;
@@ -130,8 +155,18 @@ class Master {
   // Remove, with the shard locked and the object found.
   Status RemoveLocked(Shard& shard, std::unordered_map<std::string, Object>::iterator it,
                       bool force, Clock::time_point now);
-  // Frees an object's space now or, if it may still be touched, at `until`.
+  // Frees an object's space now or, if it may still be touched, at `until`;
+  // each node that lists the object is told to forget it.
+  void FreeLater(const std::string& key, Object& o, Clock::time_point until);
   void FreeLater(std::vector<Allocation> replicas, Clock::time_point until);
+  CatalogEntry EntryOf(const std::string& key, const Object& o, const Allocation& a) const;
+  // Tells each replica's node to catalog the object (again: a new pin).
+  void Catalog(const std::string& key, const Object& o);
+  // Mount's second half: the objects of the node's catalog (recovery.cc).
+  uint64_t Recover(const std::string& node, uint64_t generation,
+                   const std::vector<CatalogEntry>& catalog);
+  // One catalog entry; false when it is refused.
+  bool RecoverOne(const std::string& node, uint64_t generation, const CatalogEntry& e);
   // Evicts complete, unleased, unpinned objects, least recently used first,
   // until `bytes` are free; with `soft`, soft-pinned ones after the others.
   // Returns the bytes released.
@@ -139,7 +174,10 @@ class Master {
   void DropNode(const std::string& node, uint64_t generation);
 
   const MasterOptions options_;
+  std::atomic<uint64_t> term_;
   Space space_;
+  CatalogLog log_;
+  std::atomic<uint64_t> recovered_last_{0};
   std::vector<std::unique_ptr<Shard>> shards_;
   std::atomic<uint64_t> next_put_id_{1};
   std::atomic<uint64_t> next_lease_id_{1};

@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "proto/store.grpc.pb.h"
 #include "store/rpc/call_auth.h"
+#include "store/rpc/catalog_wire.h"
 #include "store/rpc/proto_util.h"
 
 namespace ferry::store {
@@ -71,13 +72,21 @@ class Service final : public pb::Master::Service {
   grpc::Status Mount(grpc::ServerContext* ctx, const pb::MountRequest* req,
                      pb::MountResponse* resp) override {
     return Serve(ctx, "Mount", [&] {
-      std::vector<Region> regions;
       if (req->regions_size() > static_cast<int>(Space::kMaxRegions)) {
         return BadRequest("too many regions");
       }
-      for (const auto& r : req->regions()) regions.push_back({r.base(), r.size()});
-      SetStatus(m_.Mount(req->node(), req->epoch(), regions), resp->mutable_status());
+      if (req->catalog_size() > kMaxCatalog) return BadRequest("catalog too long");
+      NodeMount m{req->node(), req->epoch(), {}, {}, req->resumed()};
+      for (const auto& r : req->regions()) m.regions.emplace_back(r.base(), r.size());
+      // A malformed entry is left out, and so forgotten by the node.
+      for (const auto& e : req->catalog()) {
+        if (auto entry = FromProto(e); entry.ok()) m.catalog.push_back(std::move(entry).value());
+      }
+      auto reply = m_.Mount(m);
+      SetStatus(reply.status(), resp->mutable_status());
       resp->set_node_ttl_ms(static_cast<uint64_t>(m_.options().node_ttl.count()));
+      resp->set_term(m_.term());
+      if (reply.ok()) resp->set_recovered(reply.value().recovered);
       return grpc::Status::OK;
     });
   }
@@ -85,7 +94,16 @@ class Service final : public pb::Master::Service {
   grpc::Status Heartbeat(grpc::ServerContext* ctx, const pb::NodeRequest* req,
                          pb::NodeResponse* resp) override {
     return Serve(ctx, "Heartbeat", [&] {
-      SetStatus(m_.Heartbeat(req->node()), resp->mutable_status());
+      auto changes = m_.Heartbeat(req->node(), req->acked(), !req->ack_only());
+      SetStatus(changes.status(), resp->mutable_status());
+      resp->set_term(m_.term());
+      if (!changes.ok()) return grpc::Status::OK;
+      for (const CatalogChange& c : changes.value()) {
+        auto* out = resp->add_changes();
+        out->set_seq(c.seq);
+        out->set_forget(c.forget);
+        ToProto(c.entry, out->mutable_entry());
+      }
       return grpc::Status::OK;
     });
   }
@@ -94,6 +112,7 @@ class Service final : public pb::Master::Service {
                        pb::NodeResponse* resp) override {
     return Serve(ctx, "Unmount", [&] {
       SetStatus(m_.Unmount(req->node()), resp->mutable_status());
+      resp->set_term(m_.term());
       return grpc::Status::OK;
     });
   }
@@ -102,6 +121,7 @@ class Service final : public pb::Master::Service {
                         pb::PutBeginResponse* resp) override {
     return Serve(ctx, "PutBegin", [&] {
       if (auto st = CheckCount(req->items_size()); !st.ok()) return st;
+      resp->set_term(m_.term());
       const std::string client = req->prefer_local() ? req->client_node() : std::string();
       for (const auto& item : req->items()) {
         auto* out = resp->add_results();
@@ -131,6 +151,7 @@ class Service final : public pb::Master::Service {
                       pb::StatusesResponse* resp) override {
     return Serve(ctx, "PutEnd", [&] {
       if (auto st = CheckCount(req->items_size()); !st.ok()) return st;
+      resp->set_term(m_.term());
       for (const auto& item : req->items()) {
         SetStatus(m_.PutEnd(item.key(), item.put_id(), item.commit()), resp->add_results());
       }
@@ -142,6 +163,7 @@ class Service final : public pb::Master::Service {
                    pb::GetResponse* resp) override {
     return Serve(ctx, "Get", [&] {
       if (auto st = CheckCount(req->keys_size()); !st.ok()) return st;
+      resp->set_term(m_.term());
       for (const auto& key : req->keys()) {
         auto* out = resp->add_results();
         auto grant = m_.Get(key);
@@ -161,6 +183,7 @@ class Service final : public pb::Master::Service {
                              pb::StatusesResponse* resp) override {
     return Serve(ctx, "ReleaseLeases", [&] {
       if (auto st = CheckCount(req->items_size()); !st.ok()) return st;
+      resp->set_term(m_.term());
       for (const auto& item : req->items()) {
         SetStatus(m_.ReleaseLease(item.key(), item.lease_id()), resp->add_results());
       }
@@ -181,6 +204,7 @@ class Service final : public pb::Master::Service {
                       pb::StatusesResponse* resp) override {
     return Serve(ctx, "Remove", [&] {
       if (auto st = CheckCount(req->keys_size()); !st.ok()) return st;
+      resp->set_term(m_.term());
       for (const auto& key : req->keys()) {
         SetStatus(m_.Remove(key, req->force()), resp->add_results());
       }
@@ -192,6 +216,7 @@ class Service final : public pb::Master::Service {
                    pb::StatusesResponse* resp) override {
     return Serve(ctx, "Pin", [&] {
       if (auto st = CheckCount(req->items_size()); !st.ok()) return st;
+      resp->set_term(m_.term());
       for (const auto& item : req->items()) {
         Status st = CheckPin(item.kind(), item.ttl_ms());
         if (st.ok()) {
@@ -219,6 +244,9 @@ class Service final : public pb::Master::Service {
       resp->set_used(s.space.used);
       resp->set_nodes(s.space.nodes);
       resp->set_objects(s.objects);
+      resp->set_term(s.term);
+      resp->set_recovered(s.recovered);
+      resp->set_recovered_total(s.recovered_total);
       return grpc::Status::OK;
     });
   }
@@ -281,6 +309,13 @@ std::string MetricsText(const MasterStats& s) {
       s.replicas_dropped);
   add("store_auth_failures_total", "counter", "Calls refused for not proving the cluster secret.",
       s.auth_failures);
+  add("store_term", "gauge", "The master's fencing term; 0 without elections.", s.term);
+  add("store_recovered_objects", "gauge",
+      "Objects rebuilt from the catalog of the last node to mount.", s.recovered);
+  add("store_recovered_objects_total", "counter", "Objects rebuilt from nodes' catalogs.",
+      s.recovered_total);
+  add("store_catalog_pending", "gauge", "Catalog changes the nodes have still to apply.",
+      s.catalog_pending);
   return out;
 }
 
@@ -358,8 +393,10 @@ Result<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterServerOpti
     raw->http.Get("/metrics", [raw](const httplib::Request&, httplib::Response& res) {
       res.set_content(MetricsText(raw->Stats()), "text/plain; version=0.0.4");
     });
-    raw->http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
-      res.set_content("ok\n", "text/plain");
+    raw->http.Get("/health", [raw](const httplib::Request&, httplib::Response& res) {
+      const MasterStats st = raw->master.Stats();
+      res.set_content(fmt::format("ok\nterm {}\nrecovered_objects {}\n", st.term, st.recovered),
+                      "text/plain");
     });
     int hp = o.http_port == 0 ? raw->http.bind_to_any_port(o.host)
                               : (raw->http.bind_to_port(o.host, o.http_port) ? o.http_port : -1);

@@ -126,7 +126,14 @@ Result<std::vector<Allocation>> Space::Allocate(const Placement& p) {
                                std::to_string(nodes_.size()) + " mounted");
   }
   std::vector<std::pair<const std::string*, Node*>> order;
-  for (auto& [name, n] : nodes_) order.emplace_back(&name, &n);
+  const auto now = Clock::now();
+  for (auto& [name, n] : nodes_) {
+    if (n.fenced_until <= now) order.emplace_back(&name, &n);
+  }
+  if (order.size() < p.replicas) {
+    return Status::Unavailable(std::to_string(p.replicas - order.size()) +
+                               " of the nodes are fenced after a master change; retry shortly");
+  }
   std::stable_sort(order.begin(), order.end(), [&](const auto& a, const auto& b) {
     const bool pa = *a.first == p.preferred, pb = *b.first == p.preferred;
     if (pa != pb) return pa;
@@ -151,6 +158,38 @@ void Space::Free(const Allocation& a) {
   auto it = nodes_.find(a.node);
   if (it == nodes_.end() || it->second.generation != a.generation) return;
   FreeOn(it->second, a.extents);
+}
+
+bool Space::Claim(const std::string& node, uint64_t generation,
+                  const std::vector<Extent>& extents, Allocation* out) {
+  std::lock_guard lock(mu_);
+  auto it = nodes_.find(node);
+  if (it == nodes_.end() || it->second.generation != generation) return false;
+  Node& n = it->second;
+  std::vector<Extent> taken;
+  for (const Extent& e : extents) {
+    bool ok = false;
+    for (auto& s : n.slabs) {
+      const Region& r = s.region;
+      if (e.addr >= r.base && e.length <= r.size && e.addr - r.base <= r.size - e.length) {
+        ok = s.alloc.Claim(e.addr - r.base, e.length);
+        break;
+      }
+    }
+    if (!ok) {
+      FreeOn(n, taken);
+      return false;
+    }
+    taken.push_back(e);
+  }
+  *out = Allocation{node, generation, n.epoch, std::move(taken)};
+  return true;
+}
+
+void Space::Fence(const std::string& node, uint64_t generation, Clock::time_point until) {
+  std::lock_guard lock(mu_);
+  auto it = nodes_.find(node);
+  if (it != nodes_.end() && it->second.generation == generation) it->second.fenced_until = until;
 }
 
 SpaceUsage Space::Usage() const {

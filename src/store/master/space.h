@@ -76,6 +76,14 @@ class Space {
   Result<std::vector<Allocation>> Allocate(const Placement& placement);
   // Returns space; ignored when its node's generation is gone.
   void Free(const Allocation& allocation);
+  // Takes exactly `extents` on the mount (`node`, `generation`), as a master
+  // rebuilt from catalogs does; all or nothing. Fills *out. False when the
+  // mount is gone or any byte is outside its regions or already taken.
+  bool Claim(const std::string& node, uint64_t generation, const std::vector<Extent>& extents,
+             Allocation* out);
+  // No new allocation lands on the mount before `until`: its free space may
+  // still be written by puts that an earlier master granted.
+  void Fence(const std::string& node, uint64_t generation, Clock::time_point until);
 
   SpaceUsage Usage() const;
 
@@ -88,6 +96,7 @@ class Space {
     uint64_t generation = 0;
     uint64_t epoch = 0;
     Clock::time_point last_seen;
+    Clock::time_point fenced_until;  // no allocation before
     std::vector<Slab> slabs;
     uint64_t free_bytes() const;
   };

@@ -9,6 +9,7 @@ StoreNode::StoreNode(Engine& engine, NodeOptions options, std::unique_ptr<Master
     : engine_(engine),
       options_(std::move(options)),
       client_(std::move(client)),
+      catalog_([this](uint64_t addr, uint64_t length) { return Owns(addr, length); }),
       ticker_(std::make_unique<Ticker>("ferry-heartbeat", options_.heartbeat,
                                        [this](bool) { Tick(); })) {}
 
@@ -53,24 +54,47 @@ bool StoreNode::Owns(uint64_t addr, uint64_t length) const {
 }
 
 Status StoreNode::MountOnce() {
-  Millis ttl{0};
-  Status st = client_->Mount(engine_.name(), engine_.epoch(), regions_, &ttl);
-  if (!st.ok()) return st;
+  if (size_t stale = catalog_.Verify(); stale > 0) {
+    FERRY_LOG_WARN("node {}: {} cataloged objects' bytes changed since; not reported",
+                   engine_.name(), stale);
+  }
+  NodeMount m{engine_.name(), engine_.epoch(), regions_, catalog_.Entries(), mounted_before_};
+  FERRY_ASSIGN_OR_RETURN(MountReply reply, client_->Mount(m));
+  // The master numbers its changes for this mount from 1; the entries it
+  // did not take come back as forgets.
+  catalog_.Restart();
+  mounted_before_ = true;
   // A third of the master's TTL at most; the ticker runs from Start on.
-  ticker_->SetPeriod(std::max(Millis(5), std::min(options_.heartbeat, ttl / 3)));
+  ticker_->SetPeriod(std::max(Millis(5), std::min(options_.heartbeat, reply.node_ttl / 3)));
   mounted_ = true;
-  FERRY_LOG_INFO("node {}: mounted {} regions at {}", engine_.name(), regions_.size(),
-                 client_->address());
+  FERRY_LOG_INFO("node {}: mounted {} regions at {} (term {}); {} of {} cataloged objects taken",
+                 engine_.name(), regions_.size(), client_->address(), reply.term, reply.recovered,
+                 m.catalog.size());
   return Status::Ok();
 }
 
-// Heartbeats, and mounts again when the master has forgotten this node.
+// Heartbeats, applying the catalog changes they bring, and mounts again when
+// the master has forgotten this node.
 void StoreNode::Tick() {
   if (mounted_) {
-    Status st = client_->Heartbeat(engine_.name());
-    if (st.code() == StatusCode::kNotFound) {
+    auto changes = client_->Heartbeat(engine_.name(), catalog_.acked());
+    if (changes.status().code() == StatusCode::kNotFound) {
       FERRY_LOG_WARN("node {}: the master forgot this node; mounting again", engine_.name());
       mounted_ = false;
+    } else if (changes.ok()) {
+      // A batch is acknowledged at once, not at the next heartbeat, so the
+      // master's queue for this node (ferry_store_catalog_pending) empties.
+      if (!changes.value().empty()) {
+        Status st = catalog_.Apply(changes.value());
+        if (!st.ok()) {
+          FERRY_LOG_WARN("node {}: catalog: {}", engine_.name(), st.ToString());
+        } else {
+          changes = client_->Heartbeat(engine_.name(), catalog_.acked(), /*ack_only=*/true);
+        }
+      }
+    }
+    if (!changes.ok() && changes.status().code() != StatusCode::kNotFound) {
+      FERRY_LOG_DEBUG("node {}: heartbeat: {}", engine_.name(), changes.status().ToString());
     }
   }
   if (!mounted_) {

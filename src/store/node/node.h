@@ -1,6 +1,9 @@
 // A store node: contributes memfd-backed memory of an engine to the store. It
 // mounts the memory at the master, heartbeats, and mounts again whenever the
-// master no longer knows it (a master restart, or after missing its TTL).
+// master no longer knows it (a master restart, or after missing its TTL),
+// reporting the catalog of the objects it holds (catalog.h) so that a
+// restarted master gets them back. The catalog follows the changes that
+// come with the heartbeat replies.
 #pragma once
 
 #include <atomic>
@@ -13,6 +16,7 @@
 #include "common/clock.h"
 #include "common/ticker.h"
 #include "ferry/engine.h"
+#include "store/node/catalog.h"
 #include "store/rpc/master_client.h"
 
 namespace ferry::store {
@@ -40,6 +44,8 @@ class StoreNode {
 
   const std::string& name() const { return engine_.name(); }
   bool mounted() const { return mounted_.load(); }
+  // Complete objects whose bytes this node holds, as far as it knows.
+  size_t cataloged() const { return catalog_.size(); }
   // Whether [addr, addr+length) lies inside this node's memory: what the
   // master names there may be copied in this process directly.
   bool Owns(uint64_t addr, uint64_t length) const;
@@ -54,6 +60,8 @@ class StoreNode {
   std::unique_ptr<MasterClient> client_;
   std::vector<std::pair<uint64_t, uint64_t>> regions_;
   std::atomic<bool> mounted_{false};
+  bool mounted_before_ = false;  // by Tick's thread (and Start's, before it runs)
+  NodeCatalog catalog_;
 
   // Runs Tick from Start on; stopped first on destruction.
   std::unique_ptr<Ticker> ticker_;

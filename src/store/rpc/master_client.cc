@@ -4,6 +4,7 @@
 
 #include "proto/store.grpc.pb.h"
 #include "store/rpc/call_auth.h"
+#include "store/rpc/catalog_wire.h"
 #include "store/rpc/limits.h"
 #include "store/rpc/proto_util.h"
 
@@ -115,7 +116,10 @@ class MasterClient::Impl {
   std::unique_ptr<pb::Master::Stub> stub;
   Millis timeout;
   std::shared_ptr<const auth::Key> key;  // null: no secret
+  std::shared_ptr<TermFence> fence;      // never null
 };
+
+const TermFence& MasterClient::fence() const { return *impl_->fence; }
 
 MasterClient::MasterClient(std::string address, std::unique_ptr<Impl> impl)
     : address_(std::move(address)), impl_(std::move(impl)) {}
@@ -123,7 +127,8 @@ MasterClient::~MasterClient() = default;
 
 Result<std::unique_ptr<MasterClient>> MasterClient::Connect(const std::string& address,
                                                             Millis rpc_timeout,
-                                                            std::shared_ptr<const auth::Key> key) {
+                                                            std::shared_ptr<const auth::Key> key,
+                                                            std::shared_ptr<TermFence> fence) {
   if (address.empty() || address.find(':') == std::string::npos) {
     return Status::InvalidArgument("master address must be host:port");
   }
@@ -137,25 +142,51 @@ Result<std::unique_ptr<MasterClient>> MasterClient::Connect(const std::string& a
       grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
   impl->timeout = rpc_timeout;
   impl->key = std::move(key);
+  impl->fence = fence ? std::move(fence) : std::make_shared<TermFence>();
   return std::unique_ptr<MasterClient>(new MasterClient(address, std::move(impl)));
 }
 
-Status MasterClient::Mount(const std::string& node, uint64_t epoch,
-                           const std::vector<std::pair<uint64_t, uint64_t>>& regions,
-                           Millis* node_ttl) {
+Result<MountReply> MasterClient::Mount(const NodeMount& m) {
   pb::MountRequest req;
-  req.set_node(node);
-  req.set_epoch(epoch);
-  for (auto [base, size] : regions) {
+  req.set_node(m.node);
+  req.set_epoch(m.epoch);
+  req.set_resumed(m.resumed);
+  for (auto [base, size] : m.regions) {
     auto* r = req.add_regions();
     r->set_base(base);
     r->set_size(size);
   }
+  for (const CatalogEntry& e : m.catalog) ToProto(e, req.add_catalog());
   pb::MountResponse resp;
   FERRY_ASSIGN_OR_RETURN(auto ctx, impl_->Context("Mount"));
   FERRY_RETURN_IF_ERROR(FromGrpc(impl_->stub->Mount(ctx.get(), req, &resp), "Mount"));
-  *node_ttl = Millis(std::max<uint64_t>(resp.node_ttl_ms(), 10));
-  return FromProto(resp.status());
+  FERRY_RETURN_IF_ERROR(impl_->fence->Observe(resp.term()));
+  FERRY_RETURN_IF_ERROR(FromProto(resp.status()));
+  return MountReply{Millis(std::max<uint64_t>(resp.node_ttl_ms(), 10)), resp.term(),
+                    resp.recovered()};
+}
+
+Result<std::vector<CatalogChange>> MasterClient::Heartbeat(const std::string& node,
+                                                          uint64_t acked, bool ack_only) {
+  pb::NodeRequest req;
+  req.set_node(node);
+  req.set_acked(acked);
+  req.set_ack_only(ack_only);
+  pb::NodeResponse resp;
+  FERRY_ASSIGN_OR_RETURN(auto ctx, impl_->Context("Heartbeat"));
+  FERRY_RETURN_IF_ERROR(FromGrpc(impl_->stub->Heartbeat(ctx.get(), req, &resp), "Heartbeat"));
+  FERRY_RETURN_IF_ERROR(impl_->fence->Observe(resp.term()));
+  FERRY_RETURN_IF_ERROR(FromProto(resp.status()));
+  std::vector<CatalogChange> out;
+  out.reserve(static_cast<size_t>(resp.changes_size()));
+  for (const auto& c : resp.changes()) {
+    if (c.seq() != acked + 1 + out.size()) {
+      return Status::ProtocolError("master sent catalog changes out of order");
+    }
+    FERRY_ASSIGN_OR_RETURN(CatalogEntry e, FromProto(c.entry()));
+    out.push_back({c.seq(), c.forget(), std::move(e)});
+  }
+  return out;
 }
 
 namespace {
@@ -170,13 +201,10 @@ Status CallForNode(const MasterClient::Impl& impl, NodeRpc rpc, const char* what
   pb::NodeResponse resp;
   FERRY_ASSIGN_OR_RETURN(auto ctx, impl.Context(what));
   FERRY_RETURN_IF_ERROR(FromGrpc((impl.stub.get()->*rpc)(ctx.get(), req, &resp), what));
+  FERRY_RETURN_IF_ERROR(impl.fence->Observe(resp.term()));
   return FromProto(resp.status());
 }
 }  // namespace
-
-Status MasterClient::Heartbeat(const std::string& node) {
-  return CallForNode(*impl_, &pb::Master::Stub::Heartbeat, "Heartbeat", node);
-}
 
 Status MasterClient::Unmount(const std::string& node) {
   return CallForNode(*impl_, &pb::Master::Stub::Unmount, "Unmount", node);
@@ -215,6 +243,7 @@ Result<std::vector<Result<PutGrant>>> MasterClient::PutBegin(const std::vector<P
         pb::PutBeginResponse resp;
         FERRY_ASSIGN_OR_RETURN(auto ctx, impl_->Context("PutBegin"));
         FERRY_RETURN_IF_ERROR(FromGrpc(impl_->stub->PutBegin(ctx.get(), req, &resp), "PutBegin"));
+        FERRY_RETURN_IF_ERROR(impl_->fence->Observe(resp.term()));
         FERRY_RETURN_IF_ERROR(CheckCount(resp.results_size(), count));
         std::vector<Result<PutGrant>> out;
         out.reserve(count);
@@ -240,6 +269,9 @@ static Result<std::vector<Status>> StatusCall(
     Resp resp;
     FERRY_ASSIGN_OR_RETURN(auto ctx, impl.Context(name));
     FERRY_RETURN_IF_ERROR(FromGrpc((impl.stub.get()->*rpc)(ctx.get(), req, &resp), name));
+    if constexpr (requires { resp.term(); }) {
+      FERRY_RETURN_IF_ERROR(impl.fence->Observe(resp.term()));
+    }
     return Statuses(resp, count);
   });
 }
@@ -264,6 +296,7 @@ Result<std::vector<Result<GetGrant>>> MasterClient::Get(const std::vector<std::s
         pb::GetResponse resp;
         FERRY_ASSIGN_OR_RETURN(auto ctx, impl_->Context("Get"));
         FERRY_RETURN_IF_ERROR(FromGrpc(impl_->stub->Get(ctx.get(), req, &resp), "Get"));
+        FERRY_RETURN_IF_ERROR(impl_->fence->Observe(resp.term()));
         FERRY_RETURN_IF_ERROR(CheckCount(resp.results_size(), count));
         std::vector<Result<GetGrant>> out;
         out.reserve(count);
@@ -323,7 +356,10 @@ Result<StoreStats> MasterClient::Stats() {
   pb::StatsResponse resp;
   FERRY_ASSIGN_OR_RETURN(auto ctx, impl_->Context("Stats"));
   FERRY_RETURN_IF_ERROR(FromGrpc(impl_->stub->Stats(ctx.get(), req, &resp), "Stats"));
-  return StoreStats{resp.capacity(), resp.used(), resp.nodes(), resp.objects()};
+  FERRY_RETURN_IF_ERROR(impl_->fence->Observe(resp.term()));
+  return StoreStats{resp.capacity(), resp.used(),  resp.nodes(),
+                    resp.objects(),  resp.term(),  resp.recovered(),
+                    resp.recovered_total()};
 }
 
 Result<uint64_t> MasterClient::RemoveAll(bool force) {

@@ -13,6 +13,7 @@
 #include "ferry/status.h"
 #include "ferry/store.h"
 #include "store/rpc/requests.h"
+#include "store/rpc/term_fence.h"
 
 namespace ferry::store {
 
@@ -23,18 +24,23 @@ class MasterClient {
   // call carries a token made with it (call_auth.h); a master with another
   // secret, or with one while this side has none, fails calls with
   // Unauthenticated.
+  // Every answer's master term goes through `fence` (a new one when null;
+  // share one between clients of several masters): an answer of a term
+  // older than one seen fails the call with Unavailable, unused.
   static Result<std::unique_ptr<MasterClient>> Connect(
       const std::string& address, Millis rpc_timeout,
-      std::shared_ptr<const auth::Key> key = nullptr);
+      std::shared_ptr<const auth::Key> key = nullptr, std::shared_ptr<TermFence> fence = nullptr);
   ~MasterClient();
 
   const std::string& address() const { return address_; }
+  const TermFence& fence() const;
 
-  // Node membership: `epoch` is the node's engine epoch. `*node_ttl` gets
-  // the master's heartbeat TTL.
-  Status Mount(const std::string& node, uint64_t epoch,
-               const std::vector<std::pair<uint64_t, uint64_t>>& regions, Millis* node_ttl);
-  Status Heartbeat(const std::string& node);
+  // Node membership (Master::Mount, Master::Heartbeat). The heartbeat's
+  // changes are checked: valid entries, numbered from acked+1 on.
+  Result<MountReply> Mount(const NodeMount& mount);
+  // `ack_only`: records `acked` and fetches nothing (the answer is empty).
+  Result<std::vector<CatalogChange>> Heartbeat(const std::string& node, uint64_t acked,
+                                               bool ack_only = false);
   Status Unmount(const std::string& node);
 
   // One result per item. A failed call fails as a whole.

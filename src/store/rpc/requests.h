@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/clock.h"
@@ -40,6 +41,43 @@ struct PutEnd {
 struct GetGrant {
   ObjectLocation location;
   uint64_t lease_id = 0;  // for ReleaseLease
+};
+
+// A complete object whose bytes a node holds, in its catalog: what a master
+// that does not know the node rebuilds the object from. (term, put_id) name
+// the put that wrote it, the same on every replica.
+struct CatalogEntry {
+  std::string key;
+  uint64_t size = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> extents;  // (addr, length), in value order
+  StorePin pin = StorePin::kNone;
+  Millis pin_ttl{0};
+  uint64_t term = 0;
+  uint64_t put_id = 0;
+};
+
+// One change the master sends a node for its catalog, numbered from 1 per
+// mount: add (or replace) `entry`, or forget its key if its put is entry's.
+struct CatalogChange {
+  uint64_t seq = 0;
+  bool forget = false;
+  CatalogEntry entry;
+};
+
+// What a node mounts with.
+struct NodeMount {
+  std::string node;
+  uint64_t epoch = 0;  // the node's engine epoch, never 0
+  std::vector<std::pair<uint64_t, uint64_t>> regions;  // (base, size)
+  std::vector<CatalogEntry> catalog;
+  bool resumed = false;  // mounted before: old grants may still write its free space
+};
+
+// The master's answer to a mount.
+struct MountReply {
+  Millis node_ttl{0};
+  uint64_t term = 0;
+  uint64_t recovered = 0;  // catalog entries taken; the rest are forgotten
 };
 
 }  // namespace ferry::store
