@@ -1,12 +1,12 @@
 // The attached store: attaching to the host's node, the connection, and the
 // calls on keys (store/client/attached.h).
+#include "store/client/attached.h"
+
 #include <sys/socket.h>
 #include <sys/un.h>
 
 #include <algorithm>
 #include <cstring>
-
-#include "store/client/attached.h"
 
 namespace ferry::store::attached {
 
@@ -132,9 +132,10 @@ Result<Frame> AttachedStore::Call(Type type, std::span<const uint8_t> payload, i
   if (type != Type::kHello) FERRY_RETURN_IF_ERROR(EnsureConnected());
   const uint64_t id = next_id_++;
   const Deadline deadline = Deadline::After(Timeout());
-  Status st = attach::Send(fd_, type, id, static_cast<uint32_t>(std::min<int64_t>(
-                                              Timeout().count(), attach::kMaxDeadlineMs)),
-                           StatusCode::kOk, payload, deadline, fd);
+  Status st = attach::Send(
+      fd_, type, id,
+      static_cast<uint32_t>(std::min<int64_t>(Timeout().count(), attach::kMaxDeadlineMs)),
+      StatusCode::kOk, payload, deadline, fd);
   Result<Frame> reply = st;
   if (st.ok()) reply = attach::Receive(fd_, deadline, Timeout());
   if (reply.ok() && reply.value().fd >= 0) {
@@ -157,53 +158,36 @@ Result<Frame> AttachedStore::Call(Type type, std::span<const uint8_t> payload, i
 }
 
 std::vector<Result<ObjectLocation>> AttachedStore::Locate(std::span<const std::string> keys) {
-  std::vector<Status> st;
-  const std::vector<size_t> index = ValidKeys(keys, &st);
   std::vector<ObjectLocation> locs(keys.size());
-  std::lock_guard lock(mu_);
-  for (size_t first = 0; first < index.size(); first += attach::kMaxItems) {
-    const size_t n = std::min<size_t>(attach::kMaxItems, index.size() - first);
-    std::span<const size_t> part(index.data() + first, n);
-    std::vector<uint8_t> p;
-    ByteWriter w(&p);
-    w.U32(static_cast<uint32_t>(n));
-    for (size_t i : part) w.Str(keys[i]);
-    auto f = Call(Type::kLocate, p);
-    if (!f.ok()) {
-      for (size_t i : part) st[i] = f.status();
-      continue;
-    }
-    ByteReader r(f.value().payload.data(), f.value().payload.size());
-    bool good = r.U32() == n;
-    for (size_t k = 0; good && k < n; ++k) {
-      st[part[k]] = ReadStatus(r);
-      if (!st[part[k]].ok()) continue;
-      ObjectLocation& loc = locs[part[k]];
+  auto read = [&](std::span<const size_t> part, ByteReader& r, std::vector<Status>& st) {
+    for (size_t i : part) {
+      st[i] = ReadStatus(r);
+      if (!st[i].ok()) continue;
+      ObjectLocation& loc = locs[i];
       loc.size = r.U64();
       loc.lease = Millis(std::min<uint64_t>(r.U64(), 24ull * 3600 * 1000));
       const uint32_t reps = r.U32();
-      good = r.ok() && reps <= 64;
-      for (uint32_t j = 0; good && j < reps; ++j) {
+      if (!r.ok() || reps > 64) return false;
+      for (uint32_t j = 0; j < reps; ++j) {
         StoreReplica rep;
         rep.epoch = r.U64();
         const uint32_t exts = r.U32();
-        good = r.ok() && exts <= 64;
-        for (uint32_t e = 0; good && e < exts; ++e) {
+        if (!r.ok() || exts > 64) return false;
+        for (uint32_t e = 0; e < exts; ++e) {
           StoreExtent x;
           x.segment = r.Str(attach::kMaxMessage);
           x.addr = r.U64();
           x.length = r.U64();
+          if (!r.ok()) return false;
           rep.extents.push_back(std::move(x));
-          good = r.ok();
         }
         loc.replicas.push_back(std::move(rep));
       }
     }
-    if (!good || !r.ok() || r.Left() != 0) {
-      Status bad = Drop(Status::ProtocolError("malformed Locate reply"));
-      for (size_t i : part) st[i] = bad;
-    }
-  }
+    return true;
+  };
+  std::vector<Status> st = Batched(
+      Type::kLocate, keys, [](ByteWriter&) {}, read);
   std::vector<Result<ObjectLocation>> out;
   out.reserve(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {

@@ -46,7 +46,6 @@ struct WireRef {
   uint64_t len = 0;
 };
 
-
 // A call's GPU memory, classified once: the device it is on, each part's
 // IPC handle and offset in its allocation, and whether some of it cannot be
 // exported (then the whole call goes through staging, copied on the stream).
@@ -54,7 +53,7 @@ struct GpuPlan {
   int device = -1;
   bool fallback = false;
   std::map<const uint8_t*, std::pair<std::string, uint64_t>> exported;  // part -> handle, offset
-  std::set<const uint8_t*> gpu;                                          // every GPU part
+  std::set<const uint8_t*> gpu;                                         // every GPU part
 };
 
 // The range map's entry holding [p, p+n), or end().
@@ -68,7 +67,6 @@ auto Containing(Map& m, const void* p, size_t n) {
   if (a - it->first <= size && n <= size - (a - it->first)) return it;
   return m.end();
 }
-
 
 class AttachedStore final : public Store::Impl {
  public:
@@ -96,7 +94,8 @@ class AttachedStore final : public Store::Impl {
     const auto a = reinterpret_cast<uint64_t>(data);
     auto next = registered_.lower_bound(a);
     if ((next != registered_.end() && next->first < a + size) ||
-        (next != registered_.begin() && std::prev(next)->first + std::prev(next)->second.size > a)) {
+        (next != registered_.begin() &&
+         std::prev(next)->first + std::prev(next)->second.size > a)) {
       return Status::AlreadyExists("the buffer overlaps a registered one");
     }
     registered_[a] = {size, nullptr, 0};
@@ -196,6 +195,14 @@ class AttachedStore final : public Store::Impl {
   Result<Frame> Call(Type type, std::span<const uint8_t> payload, int fd = -1);
   template <typename Extra>
   std::vector<Status> KeyOp(Type type, std::span<const std::string> keys, Extra&& extra);
+  // Sends the valid keys in parts of at most attach::kMaxItems, each payload
+  // extra(writer), then the count and the keys; read(part, reader, out)
+  // parses a reply's items after its count, false when malformed. Invalid
+  // keys keep ValidKeys' status, a failed call's part its status, and a
+  // malformed reply's part ProtocolError (the connection is dropped).
+  template <typename Extra, typename Read>
+  std::vector<Status> Batched(Type type, std::span<const std::string> keys, Extra&& extra,
+                              Read&& read);
   Millis Timeout() const { return std::max(opts_.rpc_timeout, Millis(1)); }
   // Records this call's readiness on `stream` for the GPU memory in `plan`:
   // *event is the handle the node waits on (empty when there is none, or
@@ -205,19 +212,18 @@ class AttachedStore final : public Store::Impl {
   const std::string path_;
   const StoreOptions opts_;
   std::shared_ptr<const auth::Key> key_;  // the cluster secret; null: none
-  std::mutex mu_;  // one call at a time; guards everything below
+  std::mutex mu_;                         // one call at a time; guards everything below
   int fd_ = -1;
   uint64_t next_id_ = 1;
   std::string segment_, master_;
   Staging staging_;
-  std::map<uint64_t, Range> registered_;  // by address
+  std::map<uint64_t, Range> registered_;                  // by address
   std::map<int, std::unique_ptr<gpu::IpcEvent>> events_;  // by device, made on first use
 };
 
-
-template <typename Extra>
-inline std::vector<Status> AttachedStore::KeyOp(Type type, std::span<const std::string> keys,
-                                         Extra&& extra) {
+template <typename Extra, typename Read>
+inline std::vector<Status> AttachedStore::Batched(Type type, std::span<const std::string> keys,
+                                                  Extra&& extra, Read&& read) {
   std::vector<Status> out;
   const std::vector<size_t> index = ValidKeys(keys, &out);
   std::lock_guard lock(mu_);
@@ -230,10 +236,13 @@ inline std::vector<Status> AttachedStore::KeyOp(Type type, std::span<const std::
     w.U32(static_cast<uint32_t>(n));
     for (size_t i : part) w.Str(keys[i]);
     auto f = Call(type, p);
-    ByteReader r(f.ok() ? f.value().payload.data() : nullptr, f.ok() ? f.value().payload.size() : 0);
-    const bool counted = f.ok() && r.U32() == n;
-    for (size_t i : part) out[i] = !f.ok() ? f.status() : counted ? ReadStatus(r) : Status();
-    if (f.ok() && (!counted || !r.ok())) {
+    if (!f.ok()) {
+      for (size_t i : part) out[i] = f.status();
+      continue;
+    }
+    ByteReader r(f.value().payload.data(), f.value().payload.size());
+    const bool good = r.U32() == n && read(part, r, out) && r.ok() && r.Left() == 0;
+    if (!good) {
       Status bad = Drop(Status::ProtocolError("malformed reply from the node"));
       for (size_t i : part) out[i] = bad;
     }
@@ -241,5 +250,14 @@ inline std::vector<Status> AttachedStore::KeyOp(Type type, std::span<const std::
   return out;
 }
 
+template <typename Extra>
+inline std::vector<Status> AttachedStore::KeyOp(Type type, std::span<const std::string> keys,
+                                                Extra&& extra) {
+  return Batched(type, keys, std::forward<Extra>(extra),
+                 [](std::span<const size_t> part, ByteReader& r, std::vector<Status>& out) {
+                   for (size_t i : part) out[i] = ReadStatus(r);
+                   return true;
+                 });
+}
 
 }  // namespace ferry::store::attached
