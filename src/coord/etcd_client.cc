@@ -159,7 +159,7 @@ EtcdClient::EtcdClient(EtcdOptions options, std::unique_ptr<Impl> impl)
 EtcdClient::~EtcdClient() = default;
 
 std::string EtcdClient::current_endpoint() const {
-  return impl_->conn(impl_->current()).endpoint;
+  return impl_->endpoint(impl_->current());
 }
 
 Result<std::optional<KeyValue>> EtcdClient::Get(std::string_view key) {

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -31,12 +32,20 @@ class EtcdClient::Impl {
  public:
   explicit Impl(const EtcdOptions& options);
 
-  size_t size() const { return conns_.size(); }
-  EtcdConn& conn(size_t i) { return conns_[i % conns_.size()]; }
+  size_t size() const { return endpoints_.size(); }
+  const std::string& endpoint(size_t i) const { return endpoints_[i % endpoints_.size()]; }
+  // Endpoint `i`'s channel and stubs as they are now; Revive may replace them.
+  std::shared_ptr<EtcdConn> conn(size_t i) const;
   size_t current() const { return current_.load(std::memory_order_acquire); }
   // The next call starts past `failed`, unless another call moved on already.
   void MoveOn(size_t failed);
-  void Settle(size_t good) { current_.store(good % conns_.size(), std::memory_order_release); }
+  void Settle(size_t good) { current_.store(good % size(), std::memory_order_release); }
+  // Endpoint `i` was found unreachable: it gets a new channel, so its next
+  // call connects at once instead of failing on the old channel's cached
+  // error until gRPC's reconnect backoff ends (seen to last 5-10 s, whatever
+  // the backoff arguments said). At most every 200 ms per endpoint; calls
+  // under way keep the old channel until they end.
+  void Revive(size_t i);
   Millis timeout() const { return timeout_; }
   // A context whose deadline is `timeout` from now.
   std::unique_ptr<grpc::ClientContext> Context(Millis timeout) const;
@@ -48,10 +57,11 @@ class EtcdClient::Impl {
   Status Call(std::string_view what, F&& attempt) {
     const size_t start = current();
     std::string tried;
-    for (size_t i = 0; i < conns_.size(); ++i) {
-      const size_t idx = (start + i) % conns_.size();
+    for (size_t i = 0; i < size(); ++i) {
+      const size_t idx = (start + i) % size();
       auto ctx = Context(timeout_);
-      grpc::Status st = attempt(conns_[idx], *ctx);
+      std::shared_ptr<EtcdConn> c = conn(idx);
+      grpc::Status st = attempt(*c, *ctx);
       if (st.ok()) {
         Settle(idx);
         return Status::Ok();
@@ -62,13 +72,14 @@ class EtcdClient::Impl {
       const bool unreachable =
           st.error_code() == grpc::StatusCode::UNAVAILABLE ||
           (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
-           conns_[idx].channel->GetState(false) != GRPC_CHANNEL_READY);
+           c->channel->GetState(false) != GRPC_CHANNEL_READY);
       if (!unreachable) {
         if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) MoveOn(idx);
-        return FromGrpc(st, what, conns_[idx].endpoint);
+        return FromGrpc(st, what, c->endpoint);
       }
+      Revive(idx);
       if (!tried.empty()) tried += "; ";
-      tried += conns_[idx].endpoint + ": " + st.error_message();
+      tried += c->endpoint + ": " + st.error_message();
     }
     MoveOn(start);
     return Status::Unavailable("etcd " + std::string(what) + ": no endpoint answered (" + tried +
@@ -76,8 +87,14 @@ class EtcdClient::Impl {
   }
 
  private:
+  std::shared_ptr<EtcdConn> Connect(const std::string& endpoint) const;
+
   const Millis timeout_;
-  std::vector<EtcdConn> conns_;
+  const std::vector<std::string> endpoints_;
+  grpc::ChannelArguments args_;
+  mutable std::mutex mu_;
+  std::vector<std::shared_ptr<EtcdConn>> conns_;  // guarded by mu_
+  std::vector<Clock::time_point> revived_;        // guarded by mu_
   std::atomic<size_t> current_{0};
 };
 

@@ -78,6 +78,7 @@ void EtcdWatch::Run() {
       last_error = st.message();
     }
     reconnects_.fetch_add(1);
+    impl.Revive(idx);
     idx = (idx + 1) % impl.size();
     if (!Pause(backoff)) return;
     backoff = std::min(kRetryMax, backoff * 2);
@@ -86,7 +87,7 @@ void EtcdWatch::Run() {
 }
 
 Status EtcdWatch::Session(size_t idx) {
-  EtcdConn& conn = client_->impl().conn(idx);
+  const std::shared_ptr<EtcdConn> conn = client_->impl().conn(idx);
   grpc::ClientContext ctx;  // no deadline: the stream lives as long as the watch
   {
     std::lock_guard lk(mu_);
@@ -101,7 +102,7 @@ Status EtcdWatch::Session(size_t idx) {
     }
   } clear{this};
 
-  auto stream = conn.watch->Watch(&ctx);
+  auto stream = conn->watch->Watch(&ctx);
   etcdserverpb::WatchRequest req;
   auto* create = req.mutable_create_request();
   create->set_key(key_);
@@ -150,8 +151,8 @@ Status EtcdWatch::Session(size_t idx) {
   ctx.TryCancel();
   grpc::Status gs = stream->Finish();
   if (!st.ok()) return st;
-  if (!gs.ok()) return FromGrpc(gs, "Watch", conn.endpoint);
-  return Status::Unavailable("etcd Watch at " + conn.endpoint + ": the stream ended");
+  if (!gs.ok()) return FromGrpc(gs, "Watch", conn->endpoint);
+  return Status::Unavailable("etcd Watch at " + conn->endpoint + ": the stream ended");
 }
 
 Status EtcdWatch::Deliver(const void* response) {

@@ -199,6 +199,34 @@ TEST(EtcdMetadata, ARegistrationChangeReachesPeersThroughTheWatch) {
       Millis(5000)));
 }
 
+TEST(EtcdMetadata, EnginesCarryOnAcrossAnEtcdRestart) {
+  FERRY_SKIP_WITHOUT_ETCD();
+  auto etcd = test::EtcdServer::Start();
+  ASSERT_TRUE(etcd.ok()) << etcd.status().ToString();
+  const std::string url = etcd.value()->Url("restart");
+  auto a = EtcdEngine(url);
+  auto b = EtcdEngine(url);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto seg = b.value()->OpenSegment(a.value()->name());
+  ASSERT_TRUE(seg.ok()) << seg.status().ToString();
+
+  ASSERT_TRUE(etcd.value()->Restart().ok());
+  // Published once etcd answers (now or by the background retry), and seen
+  // by the peer's watch, which resumes after the restart.
+  std::vector<uint8_t> mem(1 << 20);
+  ASSERT_TRUE(a.value()->RegisterMemory(mem.data(), mem.size()).ok());
+  EXPECT_TRUE(Eventually(
+      [&] {
+        auto info = b.value()->GetSegmentInfo(seg.value());
+        return info.ok() && info.value().buffers.size() == 1;
+      },
+      Millis(10000)));
+  // And an engine started after it finds the first.
+  auto c = EtcdEngine(url);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c.value()->OpenSegment(a.value()->name()).ok());
+}
+
 TEST(EtcdMetadata, AnEngineRepublishesWhenItsEntryIsDeletedBehindItsBack) {
   FERRY_SKIP_WITHOUT_ETCD();
   auto etcd = test::EtcdServer::Start();
