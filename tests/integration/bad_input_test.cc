@@ -333,16 +333,7 @@ TEST(BadInput, MalformedDescriptorReplyIsAProtocolError) {
   uint16_t port = 0;
   int lfd = test::ListenOnLoopback(&port);
   ASSERT_GE(lfd, 0);
-  std::thread fake([lfd] {
-    int fd = accept(lfd, nullptr, nullptr);
-    uint8_t in[wire::kHeaderSize];
-    recv(fd, in, sizeof(in), MSG_WAITALL);
-    uint8_t h[wire::kHeaderSize];
-    wire::EncodeHeader({wire::Opcode::kDescriptor, StatusCode::kOk, 1, 0, 6}, h);
-    send(fd, h, sizeof(h), MSG_NOSIGNAL);
-    send(fd, "FDSCxx", 6, MSG_NOSIGNAL);
-    close(fd);
-  });
+  std::thread fake = test::AnswerOneDescriptorFetch(lfd, {'F', 'D', 'S', 'C', 'x', 'x'});
   auto e = MakeEngine();
   auto s = e->OpenSegment("127.0.0.1:" + std::to_string(port));
   fake.join();

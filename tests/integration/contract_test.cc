@@ -147,20 +147,11 @@ TEST(EngineContract, OpenSegmentRefusesAnotherDescriptorFormat) {
   uint16_t port = 0;
   int lfd = test::ListenOnLoopback(&port);
   ASSERT_GE(lfd, 0);
-  std::thread fake([lfd] {
-    int fd = accept(lfd, nullptr, nullptr);
-    uint8_t in[wire::kHeaderSize];
-    recv(fd, in, sizeof(in), MSG_WAITALL);
-    std::vector<uint8_t> old;
-    ByteWriter w(&old);
-    w.U32(0x33534446);  // "FDS3"
-    w.U64(7);
-    uint8_t h[wire::kHeaderSize];
-    wire::EncodeHeader({wire::Opcode::kDescriptor, StatusCode::kOk, 1, 0, old.size()}, h);
-    send(fd, h, sizeof(h), MSG_NOSIGNAL);
-    send(fd, old.data(), old.size(), MSG_NOSIGNAL);
-    close(fd);
-  });
+  std::vector<uint8_t> old;
+  ByteWriter w(&old);
+  w.U32(0x33534446);  // "FDS3"
+  w.U64(7);
+  std::thread fake = test::AnswerOneDescriptorFetch(lfd, std::move(old));
   auto e = Engine::Create({}).value();
   auto s = e->OpenSegment("127.0.0.1:" + std::to_string(port));
   fake.join();

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "transfer/frame_wire.h"
+
 namespace ferry::test {
 
 uint16_t Peer::port() const {
@@ -28,6 +30,20 @@ int ListenOnLoopback(uint16_t* port) {
   }
   *port = ntohs(a.sin_port);
   return fd;
+}
+
+std::thread AnswerOneDescriptorFetch(int lfd, std::vector<uint8_t> payload) {
+  return std::thread([lfd, payload = std::move(payload)] {
+    int fd = accept(lfd, nullptr, nullptr);
+    if (fd < 0) return;
+    uint8_t in[wire::kHeaderSize];
+    recv(fd, in, sizeof(in), MSG_WAITALL);
+    uint8_t h[wire::kHeaderSize];
+    wire::EncodeHeader({wire::Opcode::kDescriptor, StatusCode::kOk, 1, 0, payload.size()}, h);
+    send(fd, h, sizeof(h), MSG_NOSIGNAL);
+    send(fd, payload.data(), payload.size(), MSG_NOSIGNAL);
+    close(fd);
+  });
 }
 
 std::string FerryBin() {

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/subprocess.h"
@@ -23,6 +24,10 @@ struct Peer {
 // A socket listening on 127.0.0.1 at a free port, which goes to `port`; -1
 // when it cannot be had. For fake peers.
 int ListenOnLoopback(uint16_t* port);
+
+// A fake peer on `lfd`: accepts one connection, reads a request's header,
+// answers with `payload` as a descriptor, and closes the connection.
+std::thread AnswerOneDescriptorFetch(int lfd, std::vector<uint8_t> payload);
 
 // The `ferry` binary: FERRY_BIN from the environment (binaries carried to
 // another machine), else the one built beside this test.
