@@ -183,6 +183,41 @@ TEST_F(BadInput, MalformedMountsAndHeartbeats) {
   *noepoch.add_regions() = *r2;
   ASSERT_TRUE(stub_->Mount(Ctx().get(), noepoch, &mr).ok());
   EXPECT_EQ(mr.status().code(), static_cast<uint32_t>(StatusCode::kInvalidArgument));
+  // Catalog entries that do not hold up are left out; the mount stands.
+  pb::NodeResponse nr0;
+  pb::MountRequest junk;
+  junk.set_node("y:1");
+  junk.set_epoch(1);
+  junk.set_resumed(true);
+  *junk.add_regions() = *r2;
+  auto bad_entry = [&](const std::string& key, uint64_t size, uint64_t base, uint64_t len) {
+    auto* e = junk.add_catalog();
+    e->set_key(key);
+    e->set_size(size);
+    auto* x = e->add_extents();
+    x->set_base(base);
+    x->set_size(len);
+    e->set_term(0);
+  };
+  bad_entry("", 100, r2->base(), 100);                    // no key
+  bad_entry("short", 100, r2->base(), 50);                // extents do not cover it
+  bad_entry("wrap", 100, ~0ull - 10, 100);                // wraps
+  bad_entry("outside", 100, r2->base() + r2->size(), 100);  // not in the regions
+  bad_entry(std::string(5000, 'k'), 100, r2->base(), 100);  // key too long
+  bad_entry("fine", 100, r2->base(), 100);                  // from an older master: taken
+  ASSERT_TRUE(stub_->Mount(Ctx().get(), junk, &mr).ok());
+  EXPECT_EQ(mr.status().code(), 0u) << mr.status().message();
+  EXPECT_EQ(mr.recovered(), 1u);
+  EXPECT_TRUE(store_->Exists("fine").ok());
+  for (const char* k : {"short", "wrap", "outside"}) {
+    EXPECT_EQ(store_->Exists(k).code(), StatusCode::kNotFound) << k;
+  }
+  // Off again, with what it brought: no put of the other tests lands on it.
+  pb::NodeRequest off;
+  off.set_node("y:1");
+  ASSERT_TRUE(stub_->Unmount(Ctx().get(), off, &nr0).ok());
+  EXPECT_EQ(nr0.status().code(), 0u);
+  EXPECT_EQ(store_->Exists("fine").code(), StatusCode::kNotFound);
   pb::NodeRequest hb;
   hb.set_node("nobody:1");
   pb::NodeResponse nr;
