@@ -320,8 +320,16 @@ TEST(Store, MetricsAndHealthOverHttp) {
   auto health = http.Get("/health");
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200);
+  auto st = s.value()->Stats();
+  ASSERT_TRUE(st.ok());
+  EXPECT_GT(st.value().term, 0u);  // ferry master's, from the clock
+  EXPECT_EQ(health->body,
+            fmt::format("ok\nterm {}\nrecovered_objects 0\n", st.value().term));
   auto metrics = http.Get("/metrics");
   ASSERT_TRUE(metrics);
+  EXPECT_NE(metrics->body.find(fmt::format("ferry_store_term {}\n", st.value().term)),
+            std::string::npos);
+  EXPECT_NE(metrics->body.find("ferry_store_recovered_objects 0\n"), std::string::npos);
   EXPECT_NE(metrics->body.find("ferry_store_nodes 2\n"), std::string::npos) << metrics->body;
   EXPECT_NE(metrics->body.find("ferry_store_puts_committed_total 1\n"), std::string::npos);
 }
