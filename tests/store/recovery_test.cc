@@ -65,8 +65,8 @@ TEST(Recovery, ARestartedMasterGetsItsObjectsBackFromTheNodes) {
   // Reads in flight across the restart: the right bytes or a clear error.
   std::atomic<bool> stop{false};
   std::atomic<int> wrong{0}, unclear{0}, served{0};
-  std::thread reader([&] {
-    auto r = Client(master.address);
+  std::thread reader([&, address = master.address] {
+    auto r = Client(address);
     if (!r.ok()) return;
     for (int n = 0; !stop; ++n) {
       const int i = n % 4;
@@ -95,6 +95,7 @@ TEST(Recovery, ARestartedMasterGetsItsObjectsBackFromTheNodes) {
   })) << "the objects did not come back";
   stop = true;
   reader.join();
+  EXPECT_GT(served.load(), 0) << "no read was served";
   EXPECT_EQ(wrong.load(), 0);
   EXPECT_EQ(unclear.load(), 0);
   auto st = s.value()->Stats();
