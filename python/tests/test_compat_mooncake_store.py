@@ -63,7 +63,7 @@ def test_master_takes_mooncake_flags():
         master.terminate()
         _, err = master.communicate(timeout=30)
     # Reported once each: the flags with no meaning in Ferry, and those not there yet.
-    assert err.count("--etcd_endpoints: not supported yet") == 1, err
+    assert err.count("--etcd_endpoints and --cluster_id mean nothing without --enable_ha") == 1, err
     assert err.count("no meaning in Ferry: --rpc_thread_num, --enable_offload") == 1, err
 
 
@@ -75,8 +75,9 @@ def test_master_takes_mooncake_flags():
     (["--client_ttl", "0"], "out of range"),
     (["--rpc_port", "70000"], "out of range"),
     (["--metrics_port", "x"], "not an integer"),
-    (["--enable_ha"], "not supported yet"),
-    (["--enable_ha=true", "--etcd_endpoints", "h:2379"], "not supported yet"),
+    (["--enable_ha"], "needs --etcd_endpoints"),
+    (["--enable_ha=true", "--etcd_endpoints", "nohostport"], "etcd endpoint"),
+    (["--enable_ha=true", "--etcd_endpoints", "h:1", "--etcd", "h:2"], "not both"),
     (["--enable_ha=maybe"], "not a boolean"),
     (["--lease-ms", "100", "--default_kv_lease_ttl", "100"], "not both"),
 ])

@@ -11,7 +11,10 @@
 
 namespace ferry {
 class Engine;
+namespace store {
+struct MasterServerOptions;
 }
+}  // namespace ferry
 
 namespace ferry::cli {
 
@@ -70,12 +73,20 @@ struct MasterArgs {
   // The fencing term (store::MasterOptions::term); -1: the wall clock in ms,
   // so a restarted master's is higher than its predecessor's.
   int64_t term = -1;
-  std::string auth_key_file;  // the cluster secret; empty: FERRY_AUTH_KEY_FILE, if set
+  // Cluster mode (master_ha.cc): a candidate elected through etcd, whose
+  // term the election gives. Empty etcd: a single master.
+  std::string etcd;                // "host:port[,host:port...]"
+  std::string cluster;             // names the cluster's keys in etcd
+  int64_t leader_ttl_s = 5;        // the leader's lease: a dead leader is replaced after it
+  int64_t etcd_timeout_ms = 2000;  // each etcd call, per endpoint
+  std::string auth_key_file;       // the cluster secret; empty: FERRY_AUTH_KEY_FILE, if set
   // Lines printed once on stderr at start: the Mooncake flags that were
   // accepted but mean nothing in Ferry (ApplyMooncakeMasterFlags).
   std::vector<std::string> notices;
 };
 int Master(const MasterArgs& args);
+// `ferry master --etcd`: Master's body once its options are made.
+int MasterWithElection(const MasterArgs& args, const store::MasterServerOptions& options);
 
 // `mooncake_master`'s flag spellings, accepted by `ferry master` so that a
 // deployment script switches by changing the binary (docs/mooncake-compat.md).
@@ -96,7 +107,9 @@ Status ApplyMooncakeMasterFlags(const std::vector<std::pair<std::string, std::st
 Result<int64_t> ParseDurationMs(const std::string& text);
 
 struct NodeArgs {
-  std::string master;  // host:port
+  std::string master;  // host:port, or etcd://ENDPOINTS/CLUSTER
+  // Cluster mode: the same as master etcd://<etcd>/<cluster>.
+  std::string etcd, cluster;
   std::string host = "127.0.0.1";
   uint16_t port = 0;
   std::string transport;

@@ -169,6 +169,11 @@ int main(int argc, char** argv) {
   m->add_option("--max-object-size", ma_max, "Largest value accepted");
   m->add_option("--auth-key-file", ma.auth_key_file,
                 "Cluster secret file (mode 0600); default $FERRY_AUTH_KEY_FILE");
+  m->add_option("--etcd", ma.etcd,
+                "Cluster mode: etcd endpoints host:port[,host:port]; masters elect a leader");
+  m->add_option("--cluster", ma.cluster, "Cluster mode: the cluster's name in etcd");
+  m->add_option("--leader-ttl-s", ma.leader_ttl_s, "Cluster mode: the leader's lease TTL")
+      ->check(CLI::Range(int64_t{1}, int64_t{3600}));
   // Mooncake's `mooncake_master` spellings, mapped by ApplyMooncakeMasterFlags.
   std::vector<std::pair<std::string, std::string>> ma_mooncake;
   for (const MooncakeFlag& f : MooncakeMasterFlags()) {
@@ -183,7 +188,9 @@ int main(int argc, char** argv) {
   NodeArgs na;
   std::string na_size = "256MiB";
   auto* n = app.add_subcommand("node", "Contribute memory to the store until SIGTERM");
-  n->add_option("--master", na.master, "The master, host:port")->required();
+  n->add_option("--master", na.master, "The master, host:port or etcd://ENDPOINTS/CLUSTER");
+  n->add_option("--etcd", na.etcd, "Cluster mode: etcd endpoints; follow the elected master");
+  n->add_option("--cluster", na.cluster, "Cluster mode: the cluster's name in etcd");
   n->add_option("--host", na.host, "Engine address to listen on");
   n->add_option("--port", na.port, "Engine port (0 picks one)");
   n->add_option("--transport", na.transport, "Force tcp or shm");
@@ -292,8 +299,9 @@ int main(int argc, char** argv) {
   if (m->parsed()) {
     if (!SizeOption(ma_max, &ma.max_object_size, "--max-object-size")) return 2;
     std::vector<std::string> ferry_given;
-    for (const char* f : {"--host", "--port", "--http-port", "--lease-ms", "--put-timeout-ms",
-                          "--node-ttl-ms", "--high-watermark", "--low-watermark"}) {
+    for (const char* f :
+         {"--host", "--port", "--http-port", "--lease-ms", "--put-timeout-ms", "--node-ttl-ms",
+          "--high-watermark", "--low-watermark", "--etcd", "--cluster"}) {
       if (m->count(f) > 0) ferry_given.emplace_back(f);
     }
     if (auto st = ApplyMooncakeMasterFlags(ma_mooncake, ferry_given, &ma); !st.ok()) {

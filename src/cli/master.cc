@@ -4,9 +4,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cstdio>
 #include <limits>
-#include <chrono>
 #include <nlohmann/json.hpp>
 
 #include "cli/cli.h"
@@ -31,10 +31,12 @@ constexpr Mapped kMapped[] = {
     {"client_ttl", "--node-ttl-ms", "= --node-ttl-ms, in seconds"},
     {"metrics_port", "--http-port", "= --http-port"},
     {"put_start_discard_timeout_sec", "--put-timeout-ms", "= --put-timeout-ms, in seconds"},
-    {"enable_ha", nullptr, "Refused when true: no cluster mode yet"},
+    {"enable_ha", nullptr, "true: a candidate elected through --etcd_endpoints (--etcd)"},
+    {"etcd_endpoints", "--etcd", "= --etcd, with --enable_ha; ';' or ',' between endpoints"},
+    {"cluster_id", "--cluster", "= --cluster, with --enable_ha (default mooncake)"},
 };
-// High availability over etcd: Ferry has no cluster mode yet.
-constexpr const char* kNotYet[] = {"etcd_endpoints", "ha_backend_type", "ha_backend_connstring"};
+// Other HA backends than etcd.
+constexpr const char* kNotYet[] = {"ha_backend_type", "ha_backend_connstring"};
 // Accepted and reported: nothing in Ferry corresponds to them.
 constexpr const char* kIgnored[] = {
     "rpc_thread_num",
@@ -54,7 +56,6 @@ constexpr const char* kIgnored[] = {
     "offload_on_evict",
     "root_fs_dir",
     "global_file_segment_size",
-    "cluster_id",
     "memory_allocator",
     "allocation_strategy",
     "config_path",
@@ -158,6 +159,8 @@ Status ApplyMooncakeMasterFlags(const std::vector<std::pair<std::string, std::st
   std::vector<std::string> ignored, not_yet;
   const std::string* ratio = nullptr;
   bool high_given = false;
+  bool ha = false;
+  std::string etcd, cluster;
   for (const auto& [name, value] : given) {
     for (const auto& m : kMapped) {
       if (name == m.name && m.ferry != nullptr && has_ferry(m.ferry)) {
@@ -201,16 +204,30 @@ Status ApplyMooncakeMasterFlags(const std::vector<std::pair<std::string, std::st
     } else if (name == "enable_ha") {
       auto v = Boolean(name, value);
       if (!v.ok()) return v.status();
-      if (v.value()) {
-        return Status::InvalidArgument(
-            "--enable_ha: high availability (masters elected through etcd) is not "
-            "supported yet: Ferry has no cluster mode; run one `ferry master`");
-      }
+      ha = v.value();
+    } else if (name == "etcd_endpoints") {
+      etcd = value;
+      std::replace(etcd.begin(), etcd.end(), ';', ',');
+    } else if (name == "cluster_id") {
+      if (value.empty()) return Bad(name, value, "a cluster name is required");
+      cluster = value;
     } else if (std::find(std::begin(kNotYet), std::end(kNotYet), name) != std::end(kNotYet)) {
       not_yet.push_back("--" + name);
     } else {
       ignored.push_back("--" + name);
     }
+  }
+  if (ha) {
+    if (etcd.empty()) {
+      return Status::InvalidArgument(
+          "--enable_ha needs --etcd_endpoints (masters elect through etcd)");
+    }
+    a->etcd = etcd;
+    a->cluster = cluster.empty() ? "mooncake" : cluster;
+  } else if (!etcd.empty() || !cluster.empty()) {
+    a->notices.push_back(
+        "ferry master: --etcd_endpoints and --cluster_id mean nothing without --enable_ha; "
+        "ignored");
   }
   // Mooncake evicts down to about high - ratio once use passes the high
   // watermark: Ferry's low watermark. Its default ratio is 0.05.
@@ -225,7 +242,7 @@ Status ApplyMooncakeMasterFlags(const std::vector<std::pair<std::string, std::st
   };
   if (!not_yet.empty()) {
     a->notices.push_back("ferry master: " + join(not_yet) +
-                         ": not supported yet (no cluster mode, so no etcd); ignored");
+                         ": not supported yet (etcd is the only HA backend); ignored");
   }
   if (!ignored.empty()) {
     a->notices.push_back("ferry master: accepted, but no meaning in Ferry: " + join(ignored));
@@ -251,12 +268,20 @@ int Master(const MasterArgs& args) {
   o.master.max_object_size = args.max_object_size;
   // Without elections, the clock orders a master's terms across restarts:
   // objects rebuilt from the nodes then come from an older term.
-  o.master.term = args.term >= 0 ? static_cast<uint64_t>(args.term)
-                                 : static_cast<uint64_t>(std::chrono::duration_cast<Millis>(
-                                                             std::chrono::system_clock::now()
-                                                                 .time_since_epoch())
-                                                             .count());
+  o.master.term =
+      args.term >= 0
+          ? static_cast<uint64_t>(args.term)
+          : static_cast<uint64_t>(std::chrono::duration_cast<Millis>(
+                                      std::chrono::system_clock::now().time_since_epoch())
+                                      .count());
   o.auth_key_file = args.auth_key_file;
+  if (!args.etcd.empty() || !args.cluster.empty()) {
+    if (args.term >= 0) {
+      std::fprintf(stderr, "ferry master: give --term or --etcd, not both: the election sets it\n");
+      return 2;
+    }
+    return MasterWithElection(args, o);
+  }
   auto server = store::MasterServer::Start(o);
   if (!server.ok()) {
     std::fprintf(stderr, "ferry master: %s\n", server.status().ToString().c_str());

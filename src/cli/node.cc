@@ -9,12 +9,24 @@
 
 #include "cli/cli.h"
 #include "common/auth.h"
-#include "store/node/core.h"
 #include "store/node/attach_server.h"
+#include "store/node/core.h"
 
 namespace ferry::cli {
 
-int Node(const NodeArgs& args) {
+int Node(const NodeArgs& in) {
+  NodeArgs args = in;
+  if (!args.etcd.empty() || !args.cluster.empty()) {
+    if (!args.master.empty()) {
+      std::fprintf(stderr, "ferry node: give --master or --etcd/--cluster, not both\n");
+      return 2;
+    }
+    args.master = "etcd://" + args.etcd + "/" + args.cluster;
+  }
+  if (args.master.empty()) {
+    std::fprintf(stderr, "ferry node: --master (or --etcd and --cluster) is required\n");
+    return 2;
+  }
   auto engine =
       StartServingEngine("ferry node", args.host, args.port, args.transport, args.auth_key_file);
   if (!engine) return 1;

@@ -11,8 +11,11 @@ constexpr Millis kRetryPeriod{100};
 }
 
 LeaseKeeper::LeaseKeeper(std::shared_ptr<EtcdClient> client, Lease lease, LostFn on_lost)
-    : client_(std::move(client)), lease_(lease), on_lost_(std::move(on_lost)),
+    : client_(std::move(client)),
+      lease_(lease),
+      on_lost_(std::move(on_lost)),
       renewed_(Clock::now()) {
+  alive_until_ = (renewed_ + std::chrono::seconds(lease_.ttl_seconds)).time_since_epoch().count();
   const Millis period = std::max(kRetryPeriod, Millis(lease_.ttl_seconds * 1000 / 3));
   ticker_ = std::make_unique<Ticker>("ferry-lease", period, [this, period](bool) {
     if (lost()) return;
@@ -29,6 +32,8 @@ void LeaseKeeper::Renew() {
   auto ttl = client_->LeaseKeepAliveOnce(lease_.id);
   if (ttl.ok()) {
     renewed_ = asked;  // the new TTL runs from no later than this
+    alive_until_.store((asked + std::chrono::seconds(ttl.value())).time_since_epoch().count(),
+                       std::memory_order_release);
     return;
   }
   Status st = ttl.status();

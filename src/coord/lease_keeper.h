@@ -35,6 +35,11 @@ class LeaseKeeper {
 
   LeaseId id() const { return lease_.id; }
   bool lost() const { return lost_.load(std::memory_order_acquire); }
+  // The lease lives at least until then: its last renewal's request (or
+  // the keeper's start) plus the TTL, by this process's clock. Never blocks.
+  Clock::time_point alive_until() const {
+    return Clock::time_point(Clock::duration(alive_until_.load(std::memory_order_acquire)));
+  }
 
  private:
   void Renew();
@@ -44,6 +49,7 @@ class LeaseKeeper {
   const LostFn on_lost_;
   Clock::time_point renewed_;  // the keeper thread's own
   std::atomic<bool> lost_{false};
+  std::atomic<Clock::rep> alive_until_{0};
   std::unique_ptr<Ticker> ticker_;
 };
 

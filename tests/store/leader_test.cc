@@ -27,7 +27,7 @@ struct Events {
   int deposed = 0;
 
   LeaderElection::ElectedFn Elected() {
-    return [this](uint64_t term) {
+    return [this](uint64_t term, Millis) {
       std::lock_guard lk(mu);
       terms.push_back(term);
       cv.notify_all();
@@ -43,6 +43,14 @@ struct Events {
   bool WaitElections(size_t n, seconds timeout) {
     std::unique_lock lk(mu);
     return cv.wait_for(lk, timeout, [&] { return terms.size() >= n; });
+  }
+  size_t elections() {
+    std::lock_guard lk(mu);
+    return terms.size();
+  }
+  uint64_t term(size_t i) {
+    std::lock_guard lk(mu);
+    return terms.at(i);
   }
   bool WaitDeposed(int n, seconds timeout) {
     std::unique_lock lk(mu);
@@ -91,7 +99,7 @@ TEST_F(LeaderLive, OneOfTwoCandidatesLeadsAndTheResolverFindsIt) {
   EXPECT_EQ(leader.value().address, a->leading() ? "127.0.0.1:1001" : "127.0.0.1:1002");
   EXPECT_EQ(leader.value().term, lead->term());
   EXPECT_GT(lead->term(), 0u);
-  EXPECT_EQ(ea.terms.size() + eb.terms.size(), 1u);
+  EXPECT_EQ(ea.elections() + eb.elections(), 1u);
 }
 
 TEST_F(LeaderLive, AResigningLeaderHandsOverAtOnceWithAHigherTerm) {
@@ -143,13 +151,15 @@ TEST_F(LeaderLive, ALeaderWhoseLeaseIsGoneIsDeposedAndCampaignsAgain) {
   auto a = Candidate("127.0.0.1:1001", &ev);
   ASSERT_TRUE(ev.WaitElections(1, seconds(10)));
   const uint64_t first = a->term();
+  EXPECT_TRUE(a->Confirmed().ok()) << a->Confirmed().ToString();
   auto kv = client_->Get(LeaderKey("c1"));
   ASSERT_TRUE(kv.ok() && kv.value());
   ASSERT_TRUE(client_->LeaseRevoke(kv.value()->lease).ok());
   ASSERT_TRUE(ev.WaitDeposed(1, seconds(10)));
+  EXPECT_EQ(a->Confirmed().code(), StatusCode::kUnavailable);
   // Alone, it wins again, in a new term.
   ASSERT_TRUE(ev.WaitElections(2, seconds(10)));
-  EXPECT_GT(ev.terms[1], first);
+  EXPECT_GT(ev.term(1), first);
 }
 
 TEST_F(LeaderLive, TheResolverSaysWhenNobodyLeads) {

@@ -235,10 +235,11 @@ class _StoreBase:
                 raise _Refused(INVALID_PARAMS, "already set up; close() first")
             _check_metadata(metadata)
             if master.startswith("etcd://"):
-                raise _Refused(INVALID_PARAMS, f"master_server_addr {master!r}: masters found "
-                               "through etcd need cluster mode, which Ferry does not have yet; "
-                               "pass the `ferry master` address, host:port")
-            if not master or ":" not in master:
+                # Mooncake's HA form; the cluster as for its metadata strings.
+                from .mooncake import metadata_for  # it imports this module
+
+                master = metadata_for(master) or master
+            elif not master or ":" not in master:
                 raise _Refused(INVALID_PARAMS, f"master_server_addr {master!r}: expected the "
                                "`ferry master` address, host:port")
             if proto not in _AUTO_PROTOCOLS | _FORCED_PROTOCOLS:
@@ -385,19 +386,17 @@ class _StoreBase:
 
 
 def _check_metadata(metadata: str) -> None:
-    """P2PHANDSHAKE, or an HTTP or Redis metadata server (which Ferry does not
-    need: the master knows the nodes). etcd needs cluster mode."""
-    if metadata == P2PHANDSHAKE or metadata.startswith(("http://", "https://", "redis://")):
+    """P2PHANDSHAKE, or an HTTP, Redis or etcd metadata server (without a
+    scheme Mooncake takes the address as etcd's), which Ferry does not need:
+    the master knows the nodes."""
+    if not metadata:
+        raise _Refused(INVALID_PARAMS, f"metadata_server is required: {P2PHANDSHAKE}")
+    if (metadata == P2PHANDSHAKE or "://" not in metadata or
+            metadata.startswith(("http://", "https://", "redis://", "etcd://"))):
         if metadata != P2PHANDSHAKE:
             log.info("metadata server %r is not used: Ferry finds nodes through its master",
                      metadata)
         return
-    if not metadata:
-        raise _Refused(INVALID_PARAMS, f"metadata_server is required: {P2PHANDSHAKE}")
-    if metadata.startswith("etcd://") or "://" not in metadata:
-        # Without a scheme Mooncake takes the address as etcd's.
-        raise _Refused(INVALID_PARAMS, f"metadata_server {metadata!r}: an etcd metadata server "
-                       "needs cluster mode, which Ferry does not have yet; use P2PHANDSHAKE")
     raise _Refused(INVALID_PARAMS, f"metadata_server {metadata!r} is not supported; use "
                    f"{P2PHANDSHAKE}")
 

@@ -65,7 +65,8 @@ grpc::Status Guard(const char* what, F&& f) {
 class Service final : public pb::Master::Service {
  public:
   // `checker` (null: no cluster secret) outlives the service.
-  Service(Master& m, CallTokenChecker* checker) : m_(m), checker_(checker) {}
+  Service(Master& m, CallTokenChecker* checker, std::function<Status()> gate)
+      : m_(m), checker_(checker), gate_(std::move(gate)) {}
 
   uint64_t auth_failures() const { return refused_.count(); }
 
@@ -269,11 +270,16 @@ class Service final : public pb::Master::Service {
                             st.message());
       }
     }
+    if (gate_) {
+      Status open = gate_();
+      if (!open.ok()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, open.message());
+    }
     return Guard(method, std::forward<F>(f));
   }
 
   Master& m_;
   CallTokenChecker* const checker_;
+  const std::function<Status()> gate_;
   log::Refusals refused_{"master"};  // calls without a good token
 };
 
@@ -321,10 +327,10 @@ std::string MetricsText(const MasterStats& s) {
 
 class MasterServer::Impl {
  public:
-  Impl(const MasterOptions& o, std::shared_ptr<const auth::Key> key)
+  Impl(const MasterOptions& o, std::shared_ptr<const auth::Key> key, std::function<Status()> gate)
       : master(o),
         checker(key ? std::make_unique<CallTokenChecker>(std::move(key)) : nullptr),
-        service(master, checker.get()) {}
+        service(master, checker.get(), std::move(gate)) {}
   MasterStats Stats() {
     MasterStats s = master.Stats();
     s.auth_failures = service.auth_failures();
@@ -367,7 +373,7 @@ Result<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterServerOpti
         "that reaches it can read and change the store's metadata",
         o.host, auth::kKeyFileEnv);
   }
-  auto impl = std::make_unique<Impl>(o.master, std::move(key));
+  auto impl = std::make_unique<Impl>(o.master, std::move(key), o.gate);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(o.host + ":" + std::to_string(o.port), grpc::InsecureServerCredentials(),
@@ -390,12 +396,16 @@ Result<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterServerOpti
   impl->address = o.host + ":" + std::to_string(port);
   if (o.http_port >= 0) {
     Impl* raw = impl.get();
-    raw->http.Get("/metrics", [raw](const httplib::Request&, httplib::Response& res) {
-      res.set_content(MetricsText(raw->Stats()), "text/plain; version=0.0.4");
-    });
-    raw->http.Get("/health", [raw](const httplib::Request&, httplib::Response& res) {
+    auto extra_metrics = o.extra_metrics, extra_health = o.extra_health;
+    raw->http.Get(
+        "/metrics", [raw, extra_metrics](const httplib::Request&, httplib::Response& res) {
+          res.set_content(MetricsText(raw->Stats()) + (extra_metrics ? extra_metrics() : ""),
+                          "text/plain; version=0.0.4");
+        });
+    raw->http.Get("/health", [raw, extra_health](const httplib::Request&, httplib::Response& res) {
       const MasterStats st = raw->master.Stats();
-      res.set_content(fmt::format("ok\nterm {}\nrecovered_objects {}\n", st.term, st.recovered),
+      res.set_content(fmt::format("ok\nterm {}\nrecovered_objects {}\n", st.term, st.recovered) +
+                          (extra_health ? extra_health() : ""),
                       "text/plain");
     });
     int hp = o.http_port == 0 ? raw->http.bind_to_any_port(o.host)

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -23,6 +24,13 @@ struct MasterServerOptions {
   // env FERRY_AUTH_KEY_FILE; neither: no authentication. HTTP (/metrics,
   // /health: counts, no data) is never authenticated.
   std::string auth_key_file;
+  // Lines appended to /health and to /metrics (Prometheus text), read per
+  // request: what the process knows beyond this master, such as its role in
+  // an election. Empty: none.
+  std::function<std::string()> extra_health, extra_metrics;
+  // Asked before every call is served: one refused gets UNAVAILABLE with its
+  // message (a master whose leadership is not confirmed). Empty: none.
+  std::function<Status()> gate;
 };
 
 class MasterServer {

@@ -64,7 +64,26 @@ LeaderElection::~LeaderElection() {
   }
 }
 
+Status LeaderElection::Confirmed() const {
+  if (!leading()) return Status::Unavailable("this master does not lead " + key_);
+  const Clock::time_point until(Clock::duration(serve_until_.load()));
+  if (Clock::now() >= until) {
+    return Status::Unavailable("this master's leadership of " + key_ +
+                               " is not confirmed (its lease may have run out)");
+  }
+  return Status::Ok();
+}
+
+// The leader serves until its lease's sure end, less a tenth of the TTL and
+// a poll, for the gap between etcd's clock and ours and the next round.
+void LeaderElection::Confirm() {
+  const auto margin = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::milliseconds(options_.ttl_seconds * 100) + options_.poll);
+  serve_until_ = (keeper_->alive_until() - margin).time_since_epoch().count();
+}
+
 void LeaderElection::Depose(const Status& why) {
+  serve_until_ = 0;
   const bool was = term_.exchange(0) != 0;
   if (was) {
     FERRY_LOG_WARN("election: no longer leading {}: {}", key_, why.ToString());
@@ -95,7 +114,9 @@ void LeaderElection::Round() {
       keeper_.reset();
       (void)etcd_->LeaseRevoke(lease);
       Depose(Status::Unavailable("the leader key is no longer this candidate's"));
+      return;
     }
+    Confirm();
     return;
   }
   auto txn = etcd_->Txn({coord::Compare::Absent(key_)},
@@ -105,13 +126,20 @@ void LeaderElection::Round() {
   const auto& reads = txn.value().reads;
   if (reads.empty() || reads.back().kvs.size() != 1) return;  // deleted between: next round
   const coord::KeyValue& kv = reads.back().kvs.front();
-  if (kv.lease != lease) return;  // someone else leads
+  if (kv.lease != lease) {  // someone else leads
+    other_seen_ = Clock::now();
+    return;
+  }
   auto info = Decode(kv);
   if (!info.ok()) return;
+  Confirm();
   term_ = info.value().term;
   FERRY_LOG_INFO("election: leading {} as {} in term {}", key_, options_.address,
                  info.value().term);
-  if (elected_) elected_(info.value().term);
+  const Millis vacancy =
+      other_seen_ ? std::chrono::duration_cast<Millis>(Clock::now() - *other_seen_) : Millis(0);
+  other_seen_.reset();
+  if (elected_) elected_(info.value().term, vacancy);
 }
 
 // ---- LeaderResolver ----

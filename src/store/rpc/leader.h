@@ -53,7 +53,9 @@ class LeaderElection {
   // deposed. Deposed: the lease was lost (etcd unreachable for a whole TTL,
   // or expired, say after the process was paused) or the key is no longer
   // ours; the candidate then campaigns again with a new lease.
-  using ElectedFn = std::function<void(uint64_t term)>;
+  // `vacancy`: from the last round that found another leader's key to this
+  // election (zero when none was seen): how long the seat was seen empty.
+  using ElectedFn = std::function<void(uint64_t term, Millis vacancy)>;
   using DeposedFn = std::function<void(const Status& why)>;
 
   // InvalidArgument for an empty address or a TTL under 1 s.
@@ -68,12 +70,18 @@ class LeaderElection {
 
   bool leading() const { return term_.load() != 0; }
   uint64_t term() const { return term_.load(); }  // 0 unless leading
+  // OK while this candidate leads and its lease surely lives (by its last
+  // renewal, less a margin): a leader that was paused past its TTL hears
+  // Unavailable from its first call on resuming, before its thread has
+  // noticed it was deposed. A master serves only while this is OK.
+  Status Confirmed() const;
 
  private:
   LeaderElection(std::shared_ptr<coord::EtcdClient> etcd, std::string cluster, Options options,
                  ElectedFn elected, DeposedFn deposed);
   void Round();
   void Depose(const Status& why);
+  void Confirm();
 
   const std::shared_ptr<coord::EtcdClient> etcd_;
   const std::string key_;
@@ -84,6 +92,8 @@ class LeaderElection {
   // The election thread's own:
   std::unique_ptr<coord::LeaseKeeper> keeper_;
   std::atomic<bool> lease_lost_{false};
+  std::atomic<Clock::rep> serve_until_{0};       // Confirmed's bound; 0 unless leading
+  std::optional<Clock::time_point> other_seen_;  // a round last found another's key
   std::unique_ptr<Ticker> ticker_;
 };
 

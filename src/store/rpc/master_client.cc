@@ -2,9 +2,14 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <mutex>
+
+#include "coord/etcd_client.h"
+#include "coord/etcd_url.h"
 #include "proto/store.grpc.pb.h"
 #include "store/rpc/call_auth.h"
 #include "store/rpc/catalog_wire.h"
+#include "store/rpc/leader.h"
 #include "store/rpc/limits.h"
 #include "store/rpc/proto_util.h"
 
@@ -108,15 +113,47 @@ Result<std::vector<Status>> Statuses(const Resp& resp, size_t n) {
 
 }  // namespace
 
+std::unique_ptr<pb::Master::Stub> NewStub(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetMaxReceiveMessageSize(64 << 20);
+  return pb::Master::NewStub(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+}
+
 class MasterClient::Impl {
  public:
   Result<std::unique_ptr<grpc::ClientContext>> Context(const char* method) const {
     return store::Context(key.get(), timeout, method);
   }
-  std::unique_ptr<pb::Master::Stub> stub;
+  // The stub of the master to call: the fixed one, or the cluster's leader
+  // as etcd says now (a new channel when it changed). Unavailable while no
+  // master leads, after waiting up to the call's timeout for one.
+  Result<std::shared_ptr<pb::Master::Stub>> Stub() const {
+    std::lock_guard lk(mu);
+    if (resolver == nullptr) return stub;
+    FERRY_ASSIGN_OR_RETURN(LeaderInfo leader, resolver->Leader(timeout));
+    if (leader.address != current) {
+      stub = NewStub(leader.address);
+      current = leader.address;
+    }
+    return stub;
+  }
+  // A call's outcome; an unreachable master makes the resolver look again.
+  Status Done(const grpc::Status& st, const char* call) const {
+    Status out = FromGrpc(st, call);
+    if (out.code() == StatusCode::kUnavailable && resolver != nullptr) resolver->Refresh();
+    return out;
+  }
   Millis timeout;
-  std::shared_ptr<const auth::Key> key;  // null: no secret
-  std::shared_ptr<TermFence> fence;      // never null
+  std::shared_ptr<const auth::Key> key;      // null: no secret
+  std::shared_ptr<TermFence> fence;          // never null
+  std::unique_ptr<LeaderResolver> resolver;  // etcd://: follows the leader; else null
+  mutable std::mutex mu;
+  mutable std::shared_ptr<pb::Master::Stub> stub;  // guarded by mu
+  mutable std::string current;                     // the stub's address; guarded by mu
 };
 
 const TermFence& MasterClient::fence() const { return *impl_->fence; }
@@ -129,17 +166,23 @@ Result<std::unique_ptr<MasterClient>> MasterClient::Connect(const std::string& a
                                                             Millis rpc_timeout,
                                                             std::shared_ptr<const auth::Key> key,
                                                             std::shared_ptr<TermFence> fence) {
-  if (address.empty() || address.find(':') == std::string::npos) {
-    return Status::InvalidArgument("master address must be host:port");
-  }
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  args.SetMaxReceiveMessageSize(64 << 20);
   auto impl = std::make_unique<Impl>();
-  impl->stub = pb::Master::NewStub(
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  if (coord::IsEtcdUrl(address)) {
+    FERRY_ASSIGN_OR_RETURN(coord::EtcdUrl url, coord::ParseEtcdUrl(address));
+    FERRY_ASSIGN_OR_RETURN(auto etcd, coord::EtcdClient::Create({url.endpoints, rpc_timeout}));
+    // Reachable now, or the caller hears it at once rather than per call.
+    auto probe = etcd->Get(LeaderKey(url.cluster));
+    if (!probe.ok()) {
+      return Status(probe.status().code(),
+                    "master " + address + ": etcd: " + probe.status().message());
+    }
+    FERRY_ASSIGN_OR_RETURN(impl->resolver, LeaderResolver::Start(std::move(etcd), url.cluster));
+  } else if (address.empty() || address.find(':') == std::string::npos) {
+    return Status::InvalidArgument("master address must be host:port or etcd://ENDPOINTS/CLUSTER");
+  } else {
+    impl->stub = NewStub(address);
+    impl->current = address;
+  }
   impl->timeout = rpc_timeout;
   impl->key = std::move(key);
   impl->fence = fence ? std::move(fence) : std::make_shared<TermFence>();
@@ -159,22 +202,24 @@ Result<MountReply> MasterClient::Mount(const NodeMount& m) {
   for (const CatalogEntry& e : m.catalog) ToProto(e, req.add_catalog());
   pb::MountResponse resp;
   FERRY_ASSIGN_OR_RETURN(auto ctx, impl_->Context("Mount"));
-  FERRY_RETURN_IF_ERROR(FromGrpc(impl_->stub->Mount(ctx.get(), req, &resp), "Mount"));
+  FERRY_ASSIGN_OR_RETURN(auto stub, impl_->Stub());
+  FERRY_RETURN_IF_ERROR(impl_->Done(stub->Mount(ctx.get(), req, &resp), "Mount"));
   FERRY_RETURN_IF_ERROR(impl_->fence->Observe(resp.term()));
   FERRY_RETURN_IF_ERROR(FromProto(resp.status()));
   return MountReply{Millis(std::max<uint64_t>(resp.node_ttl_ms(), 10)), resp.term(),
                     resp.recovered()};
 }
 
-Result<std::vector<CatalogChange>> MasterClient::Heartbeat(const std::string& node,
-                                                          uint64_t acked, bool ack_only) {
+Result<std::vector<CatalogChange>> MasterClient::Heartbeat(const std::string& node, uint64_t acked,
+                                                           bool ack_only) {
   pb::NodeRequest req;
   req.set_node(node);
   req.set_acked(acked);
   req.set_ack_only(ack_only);
   pb::NodeResponse resp;
   FERRY_ASSIGN_OR_RETURN(auto ctx, impl_->Context("Heartbeat"));
-  FERRY_RETURN_IF_ERROR(FromGrpc(impl_->stub->Heartbeat(ctx.get(), req, &resp), "Heartbeat"));
+  FERRY_ASSIGN_OR_RETURN(auto stub, impl_->Stub());
+  FERRY_RETURN_IF_ERROR(impl_->Done(stub->Heartbeat(ctx.get(), req, &resp), "Heartbeat"));
   FERRY_RETURN_IF_ERROR(impl_->fence->Observe(resp.term()));
   FERRY_RETURN_IF_ERROR(FromProto(resp.status()));
   std::vector<CatalogChange> out;
@@ -200,7 +245,8 @@ Status CallForNode(const MasterClient::Impl& impl, NodeRpc rpc, const char* what
   req.set_node(node);
   pb::NodeResponse resp;
   FERRY_ASSIGN_OR_RETURN(auto ctx, impl.Context(what));
-  FERRY_RETURN_IF_ERROR(FromGrpc((impl.stub.get()->*rpc)(ctx.get(), req, &resp), what));
+  FERRY_ASSIGN_OR_RETURN(auto stub, impl.Stub());
+  FERRY_RETURN_IF_ERROR(impl.Done((stub.get()->*rpc)(ctx.get(), req, &resp), what));
   FERRY_RETURN_IF_ERROR(impl.fence->Observe(resp.term()));
   return FromProto(resp.status());
 }
@@ -242,7 +288,8 @@ Result<std::vector<Result<PutGrant>>> MasterClient::PutBegin(const std::vector<P
         }
         pb::PutBeginResponse resp;
         FERRY_ASSIGN_OR_RETURN(auto ctx, impl_->Context("PutBegin"));
-        FERRY_RETURN_IF_ERROR(FromGrpc(impl_->stub->PutBegin(ctx.get(), req, &resp), "PutBegin"));
+        FERRY_ASSIGN_OR_RETURN(auto stub, impl_->Stub());
+        FERRY_RETURN_IF_ERROR(impl_->Done(stub->PutBegin(ctx.get(), req, &resp), "PutBegin"));
         FERRY_RETURN_IF_ERROR(impl_->fence->Observe(resp.term()));
         FERRY_RETURN_IF_ERROR(CheckCount(resp.results_size(), count));
         std::vector<Result<PutGrant>> out;
@@ -268,7 +315,8 @@ static Result<std::vector<Status>> StatusCall(
     for (size_t i = first; i < first + count; ++i) fill(req, i);
     Resp resp;
     FERRY_ASSIGN_OR_RETURN(auto ctx, impl.Context(name));
-    FERRY_RETURN_IF_ERROR(FromGrpc((impl.stub.get()->*rpc)(ctx.get(), req, &resp), name));
+    FERRY_ASSIGN_OR_RETURN(auto stub, impl.Stub());
+    FERRY_RETURN_IF_ERROR(impl.Done((stub.get()->*rpc)(ctx.get(), req, &resp), name));
     if constexpr (requires { resp.term(); }) {
       FERRY_RETURN_IF_ERROR(impl.fence->Observe(resp.term()));
     }
@@ -295,7 +343,8 @@ Result<std::vector<Result<GetGrant>>> MasterClient::Get(const std::vector<std::s
         for (size_t i = first; i < first + count; ++i) req.add_keys(keys[i]);
         pb::GetResponse resp;
         FERRY_ASSIGN_OR_RETURN(auto ctx, impl_->Context("Get"));
-        FERRY_RETURN_IF_ERROR(FromGrpc(impl_->stub->Get(ctx.get(), req, &resp), "Get"));
+        FERRY_ASSIGN_OR_RETURN(auto stub, impl_->Stub());
+        FERRY_RETURN_IF_ERROR(impl_->Done(stub->Get(ctx.get(), req, &resp), "Get"));
         FERRY_RETURN_IF_ERROR(impl_->fence->Observe(resp.term()));
         FERRY_RETURN_IF_ERROR(CheckCount(resp.results_size(), count));
         std::vector<Result<GetGrant>> out;
@@ -355,11 +404,11 @@ Result<StoreStats> MasterClient::Stats() {
   pb::StatsRequest req;
   pb::StatsResponse resp;
   FERRY_ASSIGN_OR_RETURN(auto ctx, impl_->Context("Stats"));
-  FERRY_RETURN_IF_ERROR(FromGrpc(impl_->stub->Stats(ctx.get(), req, &resp), "Stats"));
+  FERRY_ASSIGN_OR_RETURN(auto stub, impl_->Stub());
+  FERRY_RETURN_IF_ERROR(impl_->Done(stub->Stats(ctx.get(), req, &resp), "Stats"));
   FERRY_RETURN_IF_ERROR(impl_->fence->Observe(resp.term()));
-  return StoreStats{resp.capacity(), resp.used(),  resp.nodes(),
-                    resp.objects(),  resp.term(),  resp.recovered(),
-                    resp.recovered_total()};
+  return StoreStats{resp.capacity(), resp.used(),      resp.nodes(),          resp.objects(),
+                    resp.term(),     resp.recovered(), resp.recovered_total()};
 }
 
 Result<uint64_t> MasterClient::RemoveAll(bool force) {
@@ -367,7 +416,8 @@ Result<uint64_t> MasterClient::RemoveAll(bool force) {
   req.set_force(force);
   pb::RemoveAllResponse resp;
   FERRY_ASSIGN_OR_RETURN(auto ctx, impl_->Context("RemoveAll"));
-  FERRY_RETURN_IF_ERROR(FromGrpc(impl_->stub->RemoveAll(ctx.get(), req, &resp), "RemoveAll"));
+  FERRY_ASSIGN_OR_RETURN(auto stub, impl_->Stub());
+  FERRY_RETURN_IF_ERROR(impl_->Done(stub->RemoveAll(ctx.get(), req, &resp), "RemoveAll"));
   return static_cast<uint64_t>(resp.removed());
 }
 

@@ -20,7 +20,11 @@ namespace ferry::store {
 class MasterClient {
  public:
   // A channel to `address` ("host:port"); connects lazily and reconnects fast
-  // (a master restart is seen within about a second). With `key`, every
+  // (a master restart is seen within about a second). "etcd://ENDPOINTS/
+  // CLUSTER" follows the cluster's elected master (store/rpc/leader.h):
+  // each call goes to the leader etcd names then, waiting up to
+  // `rpc_timeout` for one while none leads (then Unavailable); an etcd
+  // unreachable at Connect fails it, with etcd's status. With `key`, every
   // call carries a token made with it (call_auth.h); a master with another
   // secret, or with one while this side has none, fails calls with
   // Unauthenticated.

@@ -1,0 +1,237 @@
+// `ferry master --etcd ENDPOINTS --cluster NAME`: a candidate for the
+// cluster's leadership (store/rpc/leader.h). While standby it serves only
+// HTTP: /health says "standby" and who leads, /metrics says it leads not.
+// Once elected it runs the master itself, in the term the election gave,
+// on the address it published, until deposed; then standby again, with no
+// metadata: a later leadership rebuilds it from the nodes' catalogs.
+#include <arpa/inet.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "cli/cli.h"
+#include "common/log.h"
+#include "coord/etcd_client.h"
+#include "coord/etcd_url.h"
+#include "store/master/service.h"
+#include "store/rpc/leader.h"
+
+namespace ferry::cli {
+namespace {
+
+// A free TCP port on `host`, so the address a candidate publishes is fixed
+// before it serves. 0 when none can be had.
+uint16_t FreePort(const std::string& host) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  socklen_t len = sizeof(a);
+  uint16_t port = 0;
+  if (fd >= 0 && inet_pton(AF_INET, host.c_str(), &a.sin_addr) == 1 &&
+      bind(fd, reinterpret_cast<sockaddr*>(&a), len) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  if (fd >= 0) close(fd);
+  return port;
+}
+
+// What the process is in the election, for /health and /metrics, and the
+// master while it leads. Callbacks of the election and HTTP handlers share it.
+class Candidate {
+ public:
+  Candidate(store::MasterServerOptions o, std::shared_ptr<coord::EtcdClient> etcd,
+            std::string cluster)
+      : o_(std::move(o)), etcd_(std::move(etcd)), cluster_(std::move(cluster)) {
+    o_.extra_health = [this] { return Health(); };
+    o_.extra_metrics = [this] { return Metrics(); };
+    o_.gate = [this] {
+      store::LeaderElection* e = election_.load();
+      return e != nullptr ? e->Confirmed() : Status::Unavailable("the election is starting");
+    };
+  }
+  // Set once the election runs; the gate asks it before each call.
+  void set_election(store::LeaderElection* e) { election_ = e; }
+  ~Candidate() { StopStandby(); }
+
+  Status StartStandby() {
+    if (o_.http_port < 0) return Status::Ok();
+    standby_ = std::make_unique<httplib::Server>();
+    standby_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content("standby\n" + Health(), "text/plain");
+    });
+    standby_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(Metrics(), "text/plain; version=0.0.4");
+    });
+    // The leader's server bound this port a moment ago: let it go first.
+    for (int i = 0; i < 50 && !standby_->bind_to_port(o_.host, o_.http_port); ++i) {
+      std::this_thread::sleep_for(Millis(20));
+    }
+    if (!standby_->is_valid()) return Status::Unavailable("cannot serve HTTP");
+    standby_thread_ = std::thread([s = standby_.get()] { s->listen_after_bind(); });
+    return Status::Ok();
+  }
+
+  void StopStandby() {
+    if (standby_ == nullptr) return;
+    standby_->stop();
+    if (standby_thread_.joinable()) standby_thread_.join();
+    standby_.reset();
+  }
+
+  void Elected(uint64_t term, Millis vacancy) {
+    const Clock::time_point t0 = Clock::now();
+    StopStandby();
+    store::MasterServerOptions o = o_;
+    o.master.term = term;
+    // The port was ours a term ago; a server of that term may still hold it.
+    Result<std::unique_ptr<store::MasterServer>> s = Status::Unavailable("not started");
+    for (int i = 0; i < 50; ++i) {
+      s = store::MasterServer::Start(o);
+      if (s.ok()) break;
+      std::this_thread::sleep_for(Millis(20));
+    }
+    if (!s.ok()) {
+      FERRY_LOG_ERROR("master: elected in term {} but cannot serve: {}", term,
+                      s.status().ToString());
+      kill(getpid(), SIGTERM);  // main resigns, so another candidate can lead
+      return;
+    }
+    std::lock_guard lk(mu_);
+    server_ = std::move(s).value();
+    term_ = term;
+    ++elections_;
+    failover_ = vacancy + std::chrono::duration_cast<Millis>(Clock::now() - t0);
+    FERRY_LOG_WARN("master: leading in term {}; serving {} ms after the seat was seen empty", term,
+                   failover_.count());
+  }
+
+  void Deposed() {
+    std::unique_ptr<store::MasterServer> old;
+    {
+      std::lock_guard lk(mu_);
+      term_ = 0;
+      old = std::move(server_);
+    }
+    old.reset();  // its metadata goes: the next leadership rebuilds it from the nodes
+    Status st = StartStandby();
+    if (!st.ok()) FERRY_LOG_WARN("master: standby HTTP: {}", st.ToString());
+  }
+
+  void Stop() {
+    std::unique_ptr<store::MasterServer> old;
+    {
+      std::lock_guard lk(mu_);
+      old = std::move(server_);
+    }
+    old.reset();
+    StopStandby();
+  }
+
+ private:
+  std::string Health() {
+    auto kv = etcd_->Get(store::LeaderKey(cluster_));
+    std::string leader =
+        !kv.ok()     ? "unknown (etcd: " + kv.status().ToString() + ")"
+        : kv.value() ? kv.value()->value + " term " + std::to_string(kv.value()->create_revision)
+                     : "none";
+    std::lock_guard lk(mu_);
+    return "cluster " + cluster_ + "\nleader " + leader + "\nleading " +
+           (term_ != 0 ? "yes" : "no") + "\nlast_failover_ms " + std::to_string(failover_.count()) +
+           "\n";
+  }
+
+  std::string Metrics() {
+    std::lock_guard lk(mu_);
+    std::string out;
+    auto add = [&](const char* name, const char* type, const char* help, uint64_t v) {
+      out += "# HELP ferry_" + std::string(name) + " " + help + "\n# TYPE ferry_" + name + " " +
+             type + "\nferry_" + name + " " + std::to_string(v) + "\n";
+    };
+    add("master_leader", "gauge", "1 while this master leads its cluster.", term_ != 0);
+    add("master_term", "gauge", "The term this master leads in; 0 while standby.", term_);
+    add("master_elections_total", "counter", "Times this master was elected.", elections_);
+    add("master_last_failover_ms", "gauge",
+        "From the last round that saw another leader to serving, at the last election.",
+        static_cast<uint64_t>(failover_.count()));
+    return out;
+  }
+
+  store::MasterServerOptions o_;
+  const std::shared_ptr<coord::EtcdClient> etcd_;
+  const std::string cluster_;
+  std::atomic<store::LeaderElection*> election_{nullptr};
+  std::unique_ptr<httplib::Server> standby_;  // the election thread's, and main's
+  std::thread standby_thread_;
+  std::mutex mu_;
+  std::unique_ptr<store::MasterServer> server_;  // guarded by mu_
+  uint64_t term_ = 0;                            // guarded by mu_
+  uint64_t elections_ = 0;                       // guarded by mu_
+  Millis failover_{0};                           // guarded by mu_
+};
+
+}  // namespace
+
+int MasterWithElection(const MasterArgs& args, const store::MasterServerOptions& options) {
+  store::MasterServerOptions o = options;
+  auto url = coord::ParseEtcdUrl(std::string(coord::kEtcdScheme) + args.etcd + "/" + args.cluster);
+  if (!url.ok()) {
+    std::fprintf(stderr, "ferry master: --etcd/--cluster: %s\n", url.status().ToString().c_str());
+    return 2;
+  }
+  auto etcd = coord::EtcdClient::Create({url.value().endpoints, Millis(args.etcd_timeout_ms)});
+  if (!etcd.ok()) {
+    std::fprintf(stderr, "ferry master: %s\n", etcd.status().ToString().c_str());
+    return 2;
+  }
+  if (auto probe = etcd.value()->Get(store::LeaderKey(url.value().cluster)); !probe.ok()) {
+    std::fprintf(stderr, "ferry master: etcd %s: %s\n", args.etcd.c_str(),
+                 probe.status().ToString().c_str());
+    return 1;
+  }
+  if (o.port == 0) o.port = FreePort(o.host);
+  if (o.http_port == 0) o.http_port = FreePort(o.host);
+  if (o.port == 0 || o.http_port == 0) {
+    std::fprintf(stderr, "ferry master: no free port on %s\n", o.host.c_str());
+    return 1;
+  }
+  const std::string address = o.host + ":" + std::to_string(o.port);
+  Candidate candidate(o, etcd.value(), url.value().cluster);
+  if (Status st = candidate.StartStandby(); !st.ok()) {
+    std::fprintf(stderr, "ferry master: HTTP port %d: %s\n", o.http_port, st.ToString().c_str());
+    return 1;
+  }
+  store::LeaderElection::Options eo;
+  eo.address = address;
+  eo.ttl_seconds = args.leader_ttl_s;
+  auto election = store::LeaderElection::Start(
+      etcd.value(), url.value().cluster, eo,
+      [&candidate](uint64_t term, Millis vacancy) { candidate.Elected(term, vacancy); },
+      [&candidate](const Status&) { candidate.Deposed(); });
+  if (!election.ok()) {
+    std::fprintf(stderr, "ferry master: %s\n", election.status().ToString().c_str());
+    return 2;
+  }
+  candidate.set_election(election.value().get());
+  nlohmann::json out = {{"address", address},
+                        {"http_port", o.http_port},
+                        {"cluster", url.value().cluster},
+                        {"pid", getpid()}};
+  std::printf("%s\n", out.dump().c_str());
+  std::fflush(stdout);
+  WaitForStopSignal();
+  candidate.set_election(nullptr);
+  election.value().reset();  // resigns: a standby takes over at once
+  candidate.Stop();
+  return 0;
+}
+
+}  // namespace ferry::cli
