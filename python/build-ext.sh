@@ -13,7 +13,8 @@
 # from `PYTHON -m pybind11 --includes`, else from the system include path.
 #
 # ferry.Store is built in when LIBDIR also holds libferry_store.a and
-# libferry_proto.a. They need gRPC, protobuf and cpp-httplib: the shared
+# libferry_proto.a (and libferry_etcd_proto.a, which the engine's etcd metadata
+# needs). They need gRPC, protobuf and cpp-httplib: the shared
 # libraries carried in LIBDIR when it has libgrpc++.so* (libgrpc++, libgrpc,
 # libgpr, libprotobuf, libcpp-httplib, plus every libabsl_*.so* there; their own
 # dependencies are found beside them or on the system), else pkg-config's.
@@ -57,6 +58,8 @@ store=()
 if [ -f "$libdir/libferry_store.a" ] && [ -f "$libdir/libferry_proto.a" ]; then
   # Static archives before the shared libraries that resolve them.
   store=("$libdir/libferry_store.a" "$libdir/libferry_proto.a")
+  # The engine's etcd metadata (libferry.a's coord layer) needs etcd's stubs.
+  if [ -f "$libdir/libferry_etcd_proto.a" ]; then store+=("$libdir/libferry_etcd_proto.a"); fi
   if ls "$libdir"/libgrpc++.so* >/dev/null 2>&1; then
     for lib in grpc++ grpc gpr protobuf cpp-httplib; do store+=("$(shared_lib "$lib")"); done
     # One name per library: a carried libabsl_x.so.V may come with libabsl_x.so.V.0.0.

@@ -163,6 +163,8 @@ struct StoreStats {
   // Objects the master rebuilt from the catalog of the last node to mount,
   // and from every mount since it started.
   uint64_t recovered = 0, recovered_total = 0;
+  // The master that answered, host:port: with master etcd://..., the leader.
+  std::string leader;
 };
 
 class Store {

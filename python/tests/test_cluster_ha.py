@@ -5,6 +5,7 @@ live replica is lost and no read returns other bytes; a leader paused past its
 TTL and resumed serves nothing; the cluster outlives an etcd restart; bad
 input is refused at start."""
 
+import json
 import signal
 import subprocess
 import threading
@@ -46,6 +47,10 @@ def test_a_killed_leader_is_replaced_under_load_and_nothing_live_is_lost(ha):
     store = two_masters_two_nodes(ha)
     leader, lh = ha.leader()
     term_before = int(health(lh["http_port"])["term"])
+    stat = subprocess.run([str(FERRY_BIN), "store", "--master", ha.url, "stat"],
+                          capture_output=True, text=True, timeout=30)
+    assert stat.returncode == 0, stat.stderr
+    assert json.loads(stat.stdout)["leader"] == lh["address"], stat.stdout
     load = Load(store, rate=200)
     t = threading.Thread(target=load.run)
     t.start()

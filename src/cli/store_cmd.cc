@@ -103,6 +103,7 @@ int StoreCommand(const StoreArgs& a) {
                       {"recovered", x.recovered},
                       {"recovered_total", x.recovered_total},
                       {"master", s.master_address()}};
+  if (!x.leader.empty()) j["leader"] = x.leader;
   std::printf("%s\n", j.dump().c_str());
   return 0;
 }
@@ -139,4 +140,3 @@ int BenchStoreLatency(const StoreArgs& a, uint64_t size, int iterations) {
 }
 
 }  // namespace ferry::cli
-

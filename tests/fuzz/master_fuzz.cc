@@ -16,7 +16,6 @@
 #include <map>
 #include <memory>
 #include <tuple>
-#include <type_traits>
 #include <utility>
 
 #include "fuzz.h"
@@ -55,15 +54,9 @@ void CheckStatuses(const Results& results, int items) {
   for (const auto& s : results) CheckStatus(s);
 }
 
-// The service with no cluster secret. Its constructor is gaining the
-// secret's checker as this is written; either form is served.
-template <typename S = Service>
-std::unique_ptr<S> MakeService(Master& m) {
-  if constexpr (std::is_constructible_v<S, Master&, std::nullptr_t>) {
-    return std::make_unique<S>(m, nullptr);
-  } else {
-    return std::make_unique<S>(m);
-  }
+// The service with no cluster secret and no gate.
+std::unique_ptr<Service> MakeService(Master& m) {
+  return std::make_unique<Service>(m, nullptr, nullptr);
 }
 
 class Harness {

@@ -159,7 +159,11 @@ class AttachedStore final : public Store::Impl {
     std::lock_guard lock(mu_);
     FERRY_ASSIGN_OR_RETURN(Frame f, Call(Type::kStats, {}));
     ByteReader r(f.payload.data(), f.payload.size());
-    StoreStats s{r.U64(), r.U64(), r.U64(), r.U64()};
+    StoreStats s;
+    s.capacity = r.U64();
+    s.used = r.U64();
+    s.nodes = r.U64();
+    s.objects = r.U64();
     if (!r.ok()) return Drop(Status::ProtocolError("malformed Stats reply"));
     return s;
   }

@@ -407,8 +407,17 @@ Result<StoreStats> MasterClient::Stats() {
   FERRY_ASSIGN_OR_RETURN(auto stub, impl_->Stub());
   FERRY_RETURN_IF_ERROR(impl_->Done(stub->Stats(ctx.get(), req, &resp), "Stats"));
   FERRY_RETURN_IF_ERROR(impl_->fence->Observe(resp.term()));
-  return StoreStats{resp.capacity(), resp.used(),      resp.nodes(),          resp.objects(),
-                    resp.term(),     resp.recovered(), resp.recovered_total()};
+  StoreStats out;
+  out.capacity = resp.capacity();
+  out.used = resp.used();
+  out.nodes = resp.nodes();
+  out.objects = resp.objects();
+  out.term = resp.term();
+  out.recovered = resp.recovered();
+  out.recovered_total = resp.recovered_total();
+  std::lock_guard lk(impl_->mu);
+  out.leader = impl_->current;
+  return out;
 }
 
 Result<uint64_t> MasterClient::RemoveAll(bool force) {
