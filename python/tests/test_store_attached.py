@@ -94,7 +94,11 @@ def fd_count(pid: int) -> int:
 
 @needs_attach
 def test_clients_killed_mid_put(cluster):
-    cluster.start_master("--put-timeout-ms", "1000")
+    # No background eviction (the high watermark is never passed): the checks
+    # below read what batch_exists found, which the master must not evict in
+    # between; puts that need room still evict synchronously.
+    cluster.start_master("--put-timeout-ms", "1000", "--high-watermark", "1.0",
+                         "--low-watermark", "1.0")
     path = cluster.socket_path()
     node, _ = cluster.start_node("--socket", path, size="128MiB")
     cluster.wait_nodes(1)
