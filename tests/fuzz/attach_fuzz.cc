@@ -185,6 +185,7 @@ bool WellFormed(uint16_t type, const std::vector<uint8_t>& p) {
         r.U64(), r.U64();
         const uint32_t reps = r.U32();
         for (uint32_t k = 0; k < reps && r.ok(); ++k) {
+          r.U64();  // the replica's node epoch
           const uint32_t extents = r.U32();
           for (uint32_t e = 0; e < extents && r.ok(); ++e) r.Str(4096), r.U64(), r.U64();
         }

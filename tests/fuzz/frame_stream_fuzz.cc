@@ -313,8 +313,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(fd >= 0, "socket: %s", std::strerror(errno));
   const int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  FUZZ_CHECK(connect(fd, reinterpret_cast<const sockaddr*>(&s.addr), sizeof(s.addr)) == 0,
-             "connect: %s", std::strerror(errno));
+  // A signal (libFuzzer's timer) may interrupt the connect, which then goes on
+  // by itself: wait for it, and take its outcome.
+  int rc = connect(fd, reinterpret_cast<const sockaddr*>(&s.addr), sizeof(s.addr));
+  if (rc != 0 && errno == EINTR) {
+    pollfd p{fd, POLLOUT, 0};
+    while (poll(&p, 1, 5000) < 0 && errno == EINTR) {
+    }
+    int err = 0;
+    socklen_t len = sizeof(err);
+    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    rc = err == 0 ? 0 : -1;
+    errno = err;
+  }
+  FUZZ_CHECK(rc == 0, "connect: %s", std::strerror(errno));
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
 
   // Send and receive together: replies that nobody reads would stop the
