@@ -115,28 +115,27 @@ class Candidate {
   }
 
   void Deposed() {
+    DropServer();  // its metadata goes: the next leadership rebuilds it from the nodes
+    Status st = StartStandby();
+    if (!st.ok()) FERRY_LOG_WARN("master: standby HTTP: {}", st.ToString());
+  }
+
+  void Stop() {
+    DropServer();
+    StopStandby();
+  }
+
+ private:
+  void DropServer() {
     std::unique_ptr<store::MasterServer> old;
     {
       std::lock_guard lk(mu_);
       term_ = 0;
       old = std::move(server_);
     }
-    old.reset();  // its metadata goes: the next leadership rebuilds it from the nodes
-    Status st = StartStandby();
-    if (!st.ok()) FERRY_LOG_WARN("master: standby HTTP: {}", st.ToString());
+    old.reset();  // outside the lock: it waits for calls that read Health()
   }
 
-  void Stop() {
-    std::unique_ptr<store::MasterServer> old;
-    {
-      std::lock_guard lk(mu_);
-      old = std::move(server_);
-    }
-    old.reset();
-    StopStandby();
-  }
-
- private:
   std::string Health() {
     auto kv = etcd_->Get(store::LeaderKey(cluster_));
     std::string leader =

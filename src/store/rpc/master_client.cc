@@ -132,8 +132,8 @@ class MasterClient::Impl {
   // as etcd says now (a new channel when it changed). Unavailable while no
   // master leads, after waiting up to the call's timeout for one.
   Result<std::shared_ptr<pb::Master::Stub>> Stub() const {
+    if (resolver == nullptr) return stub;  // fixed at Connect: no lock on the call path
     std::lock_guard lk(mu);
-    if (resolver == nullptr) return stub;
     FERRY_ASSIGN_OR_RETURN(LeaderInfo leader, resolver->Leader(timeout));
     if (leader.address != current) {
       stub = NewStub(leader.address);
@@ -152,8 +152,9 @@ class MasterClient::Impl {
   std::shared_ptr<TermFence> fence;          // never null
   std::unique_ptr<LeaderResolver> resolver;  // etcd://: follows the leader; else null
   mutable std::mutex mu;
-  mutable std::shared_ptr<pb::Master::Stub> stub;  // guarded by mu
-  mutable std::string current;                     // the stub's address; guarded by mu
+  // Guarded by mu when following a leader; else set once at Connect.
+  mutable std::shared_ptr<pb::Master::Stub> stub;
+  mutable std::string current;  // the stub's address; guarded by mu
 };
 
 const TermFence& MasterClient::fence() const { return *impl_->fence; }
