@@ -108,7 +108,8 @@ int BenchStore(const BenchStoreArgs& a) {
   const uint64_t per_node =
       ((total + span) / static_cast<uint64_t>(a.nodes)) * 3 / 2 + (16ull << 20);
 
-  auto master = SpawnMaster(SelfExe(), {"--http-port", "-1"});
+  auto master = SpawnMaster(
+      SelfExe(), {"--http-port", "-1", "--catalog-sync-ms", std::to_string(a.catalog_sync_ms)});
   if (!master.ok()) return Fail(master.status());
   // Attached, the client talks to the first node over its socket.
   const std::string sock =
@@ -268,6 +269,7 @@ int BenchStore(const BenchStoreArgs& a) {
       {"value_size", a.value_size},
       {"values", values},
       {"batch", a.batch},
+      {"catalog_sync_ms", a.catalog_sync_ms},
       {"nodes", a.nodes},
       {"transport", a.attach ? "attach" : a.transport},
       {"attach", a.attach},
@@ -305,10 +307,11 @@ int BenchStore(const BenchStoreArgs& a) {
   std::printf("  %-6s %8.2f %10.0f %12.2f %12.2f %10.2f %10.2f %10.2f\n", "get", get_gbps,
               values / get.seconds, j["get_batch_p50_ms"].get<double>(),
               j["get_batch_p99_ms"].get<double>(), engine_r, memcpy_r, redis_get);
-  std::printf("  ratios: put/engine %.2f, get/engine %.2f, put/memcpy %.2f, get/memcpy %.2f, "
-              "put/redis %.2f, get/redis %.2f\n",
-              put_gbps / engine_w, get_gbps / engine_r, put_gbps / memcpy_w, get_gbps / memcpy_r,
-              put_gbps / redis_put, get_gbps / redis_get);
+  std::printf(
+      "  ratios: put/engine %.2f, get/engine %.2f, put/memcpy %.2f, get/memcpy %.2f, "
+      "put/redis %.2f, get/redis %.2f\n",
+      put_gbps / engine_w, get_gbps / engine_r, put_gbps / memcpy_w, get_gbps / memcpy_r,
+      put_gbps / redis_put, get_gbps / redis_get);
   std::printf("  metadata (batches of %zu): exists %.0f/s, get-locations %.0f/s\n", kMetadataBatch,
               exists_ops, locate_ops);
   if (a.json) std::printf("%s\n", j.dump().c_str());

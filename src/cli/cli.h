@@ -79,7 +79,10 @@ struct MasterArgs {
   std::string cluster;             // names the cluster's keys in etcd
   int64_t leader_ttl_s = 5;        // the leader's lease: a dead leader is replaced after it
   int64_t etcd_timeout_ms = 2000;  // each etcd call, per endpoint
-  std::string auth_key_file;       // the cluster secret; empty: FERRY_AUTH_KEY_FILE, if set
+  // store::MasterOptions::catalog_sync; -1: 1000 ms in cluster mode, where a
+  // master's successor rebuilds from the nodes, else 0 (off).
+  int64_t catalog_sync_ms = -1;
+  std::string auth_key_file;  // the cluster secret; empty: FERRY_AUTH_KEY_FILE, if set
   // Lines printed once on stderr at start: the Mooncake flags that were
   // accepted but mean nothing in Ferry (ApplyMooncakeMasterFlags).
   std::vector<std::string> notices;
@@ -132,6 +135,7 @@ struct BenchStoreArgs {
   std::string transport = "tcp";  // how the client reaches the nodes: tcp|auto
   bool attach = false;            // attached to the first node's socket instead
   double metadata_seconds = 1.0;  // per metadata measurement
+  int64_t catalog_sync_ms = 0;    // the master's --catalog-sync-ms: what a cluster's puts pay
   bool json = false;
 };
 int BenchStore(const BenchStoreArgs& args);

@@ -174,6 +174,10 @@ int main(int argc, char** argv) {
   m->add_option("--cluster", ma.cluster, "Cluster mode: the cluster's name in etcd");
   m->add_option("--leader-ttl-s", ma.leader_ttl_s, "Cluster mode: the leader's lease TTL")
       ->check(CLI::Range(int64_t{1}, int64_t{3600}));
+  m->add_option("--catalog-sync-ms", ma.catalog_sync_ms,
+                "A put or remove returns once its nodes cataloged it, waiting up to this "
+                "(0 off; default 1000 with --etcd, else 0)")
+      ->check(CLI::Range(int64_t{0}, int64_t{60000}));
   // Mooncake's `mooncake_master` spellings, mapped by ApplyMooncakeMasterFlags.
   std::vector<std::pair<std::string, std::string>> ma_mooncake;
   for (const MooncakeFlag& f : MooncakeMasterFlags()) {
@@ -217,6 +221,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"tcp", "auto"}));
   bsc->add_option("--metadata-seconds", bs.metadata_seconds, "Per metadata measurement")
       ->check(CLI::Range(0.0, 600.0));
+  bsc->add_option("--catalog-sync-ms", bs.catalog_sync_ms,
+                  "The master's --catalog-sync-ms (an elected master's default is 1000)")
+      ->check(CLI::Range(int64_t{0}, int64_t{60000}));
   bsc->add_flag("--attach", bs.attach,
                 "Attach to the first node's --socket instead of running an engine");
   bsc->add_flag("--json", bs.json, "End with one JSON line");

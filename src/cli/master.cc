@@ -275,7 +275,10 @@ int Master(const MasterArgs& args) {
                                       std::chrono::system_clock::now().time_since_epoch())
                                       .count());
   o.auth_key_file = args.auth_key_file;
-  if (!args.etcd.empty() || !args.cluster.empty()) {
+  const bool elected = !args.etcd.empty() || !args.cluster.empty();
+  o.master.catalog_sync =
+      Millis(args.catalog_sync_ms >= 0 ? args.catalog_sync_ms : (elected ? 1000 : 0));
+  if (elected) {
     if (args.term >= 0) {
       std::fprintf(stderr, "ferry master: give --term or --etcd, not both: the election sets it\n");
       return 2;

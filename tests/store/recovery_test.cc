@@ -25,15 +25,14 @@ using test::FerryBin;
 using test::Metric;
 using test::Pattern;
 
-const std::vector<std::string> kMasterFlags = {"--node-ttl-ms", "2000",     "--put-timeout-ms",
-                                               "1000",          "--lease-ms", "500",
-                                               "--write-grace-ms", "100"};
+const std::vector<std::string> kMasterFlags = {"--node-ttl-ms", "2000", "--put-timeout-ms", "1000",
+                                               "--lease-ms",    "500",  "--write-grace-ms", "100"};
 
-Result<cli::MasterProcess> RestartMaster(cli::MasterProcess& m) {
+Result<cli::MasterProcess> RestartMaster(cli::MasterProcess& m,
+                                         std::vector<std::string> flags = kMasterFlags) {
   const std::string port = m.address.substr(m.address.rfind(':') + 1);
   (void)m.proc->Signal(SIGKILL);
   (void)m.proc->Wait(Millis(5000));
-  std::vector<std::string> flags = kMasterFlags;
   flags.insert(flags.end(), {"--port", port, "--tick-ms", "20"});
   return cli::SpawnMaster(FerryBin(), flags);
 }
@@ -53,13 +52,14 @@ TEST(Recovery, ARestartedMasterGetsItsObjectsBackFromTheNodes) {
     ASSERT_TRUE(s.value()->Put(Key("two", i), Pattern(50000 + i, 10 + i), two).ok());
   }
   // The nodes have listed every object.
-  ASSERT_TRUE(Eventually([&] { return Metric(master.http_port, "ferry_store_catalog_pending") == 0; }));
+  ASSERT_TRUE(
+      Eventually([&] { return Metric(master.http_port, "ferry_store_catalog_pending") == 0; }));
   const int64_t old_term = Metric(master.http_port, "ferry_store_term");
   // A put being written at the kill: 3 MiB on each node, never committed.
   auto mc = store::MasterClient::Connect(master.address, Millis(5000));
   ASSERT_TRUE(mc.ok());
-  auto begun = mc.value()->PutBegin({{"writing", 3 << 20, 2, "", StorePin::kNone, Millis(0)}}, "",
-                                    false);
+  auto begun =
+      mc.value()->PutBegin({{"writing", 3 << 20, 2, "", StorePin::kNone, Millis(0)}}, "", false);
   ASSERT_TRUE(begun.ok() && begun.value()[0].ok());
 
   // Reads in flight across the restart: the right bytes or a clear error.
@@ -118,7 +118,8 @@ TEST(Recovery, ARestartedMasterGetsItsObjectsBackFromTheNodes) {
   // old master's grants can no longer be writing it).
   EXPECT_EQ(s.value()->Exists("writing").code(), StatusCode::kNotFound);
   EXPECT_TRUE(Eventually([&] { return s.value()->Put("big", Pattern(3 << 20, 7), two).ok(); }));
-  ASSERT_TRUE(Eventually([&] { return Metric(master.http_port, "ferry_store_catalog_pending") == 0; }));
+  ASSERT_TRUE(
+      Eventually([&] { return Metric(master.http_port, "ferry_store_catalog_pending") == 0; }));
 
   // Node b never comes back: what had a replica on a survives.
   const std::string b = c.value().nodes[1].segment;
@@ -147,6 +148,38 @@ TEST(Recovery, ARestartedMasterGetsItsObjectsBackFromTheNodes) {
   auto big = s.value()->Get("big");
   ASSERT_TRUE(big.ok()) << big.status().ToString();
   EXPECT_TRUE(big.value() == Pattern(3 << 20, 7));
+}
+
+// Nodes heartbeat once a second: without catalog sync, the puts acknowledged
+// in the last moments before the kill reach no node's catalog and are lost.
+TEST(Recovery, WithCatalogSyncEveryAcknowledgedPutSurvivesAKillRightAfterIt) {
+  std::vector<std::string> flags = {"--node-ttl-ms",     "6000", "--put-timeout-ms", "1000",
+                                    "--lease-ms",        "500",  "--write-grace-ms", "100",
+                                    "--catalog-sync-ms", "3000"};
+  auto c = test::StartCluster(2, "4MiB", flags, /*heartbeat_ms=*/1000);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto& master = c.value().master;
+  auto s = Client(master.address);
+  ASSERT_TRUE(s.ok());
+  PutOptions two;
+  two.replicas = 2;
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_TRUE(s.value()->Put(Key("k", i), Pattern(20000 + i, i), two).ok());
+  }
+  EXPECT_EQ(Metric(master.http_port, "ferry_store_catalog_pending"), 0);
+  EXPECT_EQ(Metric(master.http_port, "ferry_store_catalog_sync_timeouts_total"), 0);
+  auto again = RestartMaster(master, flags);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  master = std::move(again).value();
+  ASSERT_TRUE(Eventually([&] {
+    auto st = s.value()->Stats();
+    return st.ok() && st.value().nodes == 2 && st.value().recovered_total == 40;
+  })) << "not every replica came back";
+  for (int i = 0; i < 20; ++i) {
+    auto g = s.value()->Get(Key("k", i));
+    ASSERT_TRUE(g.ok()) << i << ": " << g.status().ToString();
+    EXPECT_TRUE(g.value() == Pattern(20000 + i, i)) << i;
+  }
 }
 
 // ---- the rules, on in-process masters ----
@@ -243,6 +276,114 @@ TEST(Recovery, AResumedNodesFreeSpaceWaitsForTheOldGrants) {
   EXPECT_TRUE(Eventually([&] { return Commit(m, "k", 100, 1).ok(); }));
 }
 
+// ---- catalog sync ----
+
+store::MasterOptions Synced(Millis sync) {
+  store::MasterOptions o = Term(1);
+  o.catalog_sync = sync;
+  return o;
+}
+
+TEST(CatalogSync, ACommitReturnsOnceEveryReplicasNodeAppliedItsEntry) {
+  store::Master m(Synced(Millis(5000)));
+  ASSERT_TRUE(m.Mount(MountOf("a:1", {}, false)).ok());
+  ASSERT_TRUE(m.Mount(MountOf("b:1", {}, false)).ok());
+  std::atomic<bool> done{false};
+  Status committed;
+  std::thread put([&] {
+    committed = Commit(m, "k", 5000, 2);
+    done = true;
+  });
+  // Each node's held heartbeat brings the entry; the commit waits for both acks.
+  for (const char* node : {"a:1", "b:1"}) {
+    auto got = m.Heartbeat(node, 0, true, Millis(2000));
+    ASSERT_TRUE(got.ok());
+    ASSERT_EQ(got.value().size(), 1u);
+    EXPECT_EQ(got.value()[0].entry.key, "k");
+    std::this_thread::sleep_for(Millis(100));
+    EXPECT_FALSE(done.load()) << "the commit returned before " << node << " applied it";
+    ASSERT_TRUE(m.Heartbeat(node, got.value()[0].seq, false).ok());
+  }
+  put.join();
+  EXPECT_TRUE(committed.ok()) << committed.ToString();
+  EXPECT_EQ(m.Stats().catalog_sync_timeouts, 0u);
+  // A remove waits for the forgets the same way.
+  done = false;
+  std::thread rm([&] {
+    committed = m.Remove("k", false);
+    done = true;
+  });
+  for (const char* node : {"a:1", "b:1"}) {
+    auto got = m.Heartbeat(node, 1, true, Millis(2000));
+    ASSERT_TRUE(got.ok());
+    ASSERT_EQ(got.value().size(), 1u);
+    EXPECT_TRUE(got.value()[0].forget);
+    std::this_thread::sleep_for(Millis(50));
+    EXPECT_FALSE(done.load());
+    ASSERT_TRUE(m.Heartbeat(node, 2, false).ok());
+  }
+  rm.join();
+  EXPECT_TRUE(committed.ok()) << committed.ToString();
+  EXPECT_EQ(m.Stats().catalog_sync_timeouts, 0u);
+}
+
+TEST(CatalogSync, ANodeThatNeverAppliesDelaysACommitByTheBoundOnly) {
+  store::Master m(Synced(Millis(300)));
+  ASSERT_TRUE(m.Mount(MountOf("a:1", {}, false)).ok());
+  const auto start = Clock::now();
+  EXPECT_TRUE(Commit(m, "k", 5000, 1).ok());
+  const auto took = Clock::now() - start;
+  EXPECT_GE(took, Millis(290));
+  EXPECT_LT(took, Millis(3000));
+  EXPECT_EQ(m.Stats().catalog_sync_timeouts, 1u);
+  EXPECT_TRUE(m.Exists("k").ok());
+  // A mount gone is not waited for: nobody will apply its changes.
+  ASSERT_TRUE(m.Unmount("a:1").ok());
+  ASSERT_TRUE(m.Mount(MountOf("a:1", {}, false)).ok());
+  std::thread drop([&] {
+    std::this_thread::sleep_for(Millis(50));
+    (void)m.Unmount("a:1");
+  });
+  const auto second = Clock::now();
+  (void)Commit(m, "j", 5000, 1);
+  drop.join();
+  EXPECT_LT(Clock::now() - second, Millis(280));
+}
+
+TEST(CatalogSync, AHeartbeatIsHeldUntilAChangeOrItsHoldAndNeverWithoutSync) {
+  store::Master m(Synced(Millis(1000)));
+  ASSERT_TRUE(m.Mount(MountOf("a:1", {}, false)).ok());
+  auto start = Clock::now();
+  auto idle = m.Heartbeat("a:1", 0, true, Millis(200));
+  ASSERT_TRUE(idle.ok());
+  EXPECT_TRUE(idle.value().empty());
+  EXPECT_GE(Clock::now() - start, Millis(190));
+  // A change answers a held heartbeat at once.
+  std::thread put([&] { (void)Commit(m, "k", 5000, 1); });
+  start = Clock::now();
+  auto got = m.Heartbeat("a:1", 0, true, Millis(5000));
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got.value().size(), 1u);
+  EXPECT_LT(Clock::now() - start, Millis(2000));
+  ASSERT_TRUE(m.Heartbeat("a:1", 1, false).ok());
+  put.join();
+  // Close ends a hold at once: a stopping server's calls return.
+  std::thread closer([&] {
+    std::this_thread::sleep_for(Millis(50));
+    m.Close();
+  });
+  start = Clock::now();
+  EXPECT_TRUE(m.Heartbeat("a:1", 1, true, Millis(1500)).ok());
+  closer.join();
+  EXPECT_LT(Clock::now() - start, Millis(1000));
+  // Without sync, a hold asked for is not granted.
+  store::Master plain(Term(1));
+  ASSERT_TRUE(plain.Mount(MountOf("a:1", {}, false)).ok());
+  start = Clock::now();
+  EXPECT_TRUE(plain.Heartbeat("a:1", 0, true, Millis(1000)).ok());
+  EXPECT_LT(Clock::now() - start, Millis(500));
+}
+
 // ---- the node's catalog ----
 
 TEST(NodeCatalog, FollowsTheChangesInOrderAndDropsEntriesWhoseBytesChanged) {
@@ -252,8 +393,8 @@ TEST(NodeCatalog, FollowsTheChangesInOrderAndDropsEntriesWhoseBytesChanged) {
     return addr >= base && len <= mem.size() && addr - base <= mem.size() - len;
   });
   auto entry = [&](const char* key, uint64_t off, uint64_t put_id) {
-    return store::CatalogEntry{key, 1024, {{base + off, 1024}}, StorePin::kNone, Millis(0), 1,
-                               put_id};
+    return store::CatalogEntry{key, 1024,  {{base + off, 1024}}, StorePin::kNone, Millis(0),
+                               1,   put_id};
   };
   // Out of order: refused, nothing applied.
   EXPECT_EQ(cat.Apply({{2, false, entry("a", 0, 1)}}).code(), StatusCode::kProtocolError);
@@ -291,8 +432,10 @@ TEST(Fencing, AnAnswerOfAnOlderTermIsRefused) {
   auto older = store::MasterServer::Start(o);
   ASSERT_TRUE(newer.ok() && older.ok());
   auto fence = std::make_shared<store::TermFence>();
-  auto to_newer = store::MasterClient::Connect(newer.value()->address(), Millis(5000), nullptr, fence);
-  auto to_older = store::MasterClient::Connect(older.value()->address(), Millis(5000), nullptr, fence);
+  auto to_newer =
+      store::MasterClient::Connect(newer.value()->address(), Millis(5000), nullptr, fence);
+  auto to_older =
+      store::MasterClient::Connect(older.value()->address(), Millis(5000), nullptr, fence);
   ASSERT_TRUE(to_newer.ok() && to_older.ok());
   // Before the newer term is seen, the older master is served.
   ASSERT_TRUE(to_older.value()->Mount({"n:1", 1, {{kBase, 1 << 20}}, {}, false}).ok());
@@ -302,7 +445,8 @@ TEST(Fencing, AnAnswerOfAnOlderTermIsRefused) {
   std::vector<store::PutSpec> put = {{"k", 100, 1, "", StorePin::kNone, Millis(0)}};
   auto grant = to_older.value()->PutBegin(put, "", false);
   EXPECT_EQ(grant.status().code(), StatusCode::kUnavailable);
-  EXPECT_NE(grant.status().message().find("term 3"), std::string::npos) << grant.status().ToString();
+  EXPECT_NE(grant.status().message().find("term 3"), std::string::npos)
+      << grant.status().ToString();
   EXPECT_EQ(to_older.value()->Heartbeat("n:1", 0).status().code(), StatusCode::kUnavailable);
   EXPECT_EQ(to_older.value()->Get({"k"}).status().code(), StatusCode::kUnavailable);
   EXPECT_EQ(to_older.value()->Remove({"k"}, true).status().code(), StatusCode::kUnavailable);

@@ -23,14 +23,15 @@ struct Cluster {
 
 // Short timeouts keep the tests quick; each test may add master flags.
 inline Result<Cluster> StartCluster(int nodes, const std::string& node_size,
-                                    std::vector<std::string> master_args = {}) {
+                                    std::vector<std::string> master_args = {},
+                                    int heartbeat_ms = 50) {
   Cluster c;
   master_args.insert(master_args.end(), {"--tick-ms", "20"});
   FERRY_ASSIGN_OR_RETURN(c.master, cli::SpawnMaster(FerryBin(), master_args));
   for (int i = 0; i < nodes; ++i) {
-    FERRY_ASSIGN_OR_RETURN(auto n,
-                           cli::SpawnNode(FerryBin(), c.master.address,
-                                          {"--segment-size", node_size, "--heartbeat-ms", "50"}));
+    FERRY_ASSIGN_OR_RETURN(auto n, cli::SpawnNode(FerryBin(), c.master.address,
+                                                  {"--segment-size", node_size, "--heartbeat-ms",
+                                                   std::to_string(heartbeat_ms)}));
     c.nodes.push_back(std::move(n));
   }
   return c;

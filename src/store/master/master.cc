@@ -29,7 +29,10 @@ Master::Master(MasterOptions options) : options_(std::move(options)), term_(opti
   ticker_->Start();
 }
 
-Master::~Master() { ticker_.reset(); }
+Master::~Master() {
+  log_.Close();
+  ticker_.reset();
+}
 
 Status Master::CheckKey(std::string_view key) { return store::CheckKey(key); }
 
@@ -62,9 +65,9 @@ Result<MountReply> Master::Mount(const NodeMount& m) {
   // Puts granted before (by this master or another) may still write the
   // free space; a read lease may still read it.
   if (m.resumed) {
-    space_.Fence(m.node, gen.value(),
-                 Clock::now() + std::max(options_.put_timeout, options_.lease) +
-                     options_.write_grace);
+    space_.Fence(
+        m.node, gen.value(),
+        Clock::now() + std::max(options_.put_timeout, options_.lease) + options_.write_grace);
   }
   // Before the old mount's replicas go: one the catalog confirms moves to
   // the new mount instead.
@@ -79,15 +82,34 @@ Result<MountReply> Master::Mount(const NodeMount& m) {
       "master: node {} (epoch {:x}) mounted {} regions (generation {}); {} of {} catalog "
       "entries recovered",
       m.node, m.epoch, regions.size(), gen.value(), recovered, m.catalog.size());
-  return MountReply{options_.node_ttl, term(), recovered};
+  return MountReply{options_.node_ttl, term(), recovered, options_.catalog_sync.count() > 0};
 }
 
 Result<std::vector<CatalogChange>> Master::Heartbeat(const std::string& node, uint64_t acked,
-                                                     bool fetch) {
+                                                     bool fetch, Millis hold) {
   if (!space_.Touch(node)) {
     return Status::NotFound("node " + node + " is not mounted");
   }
-  return log_.Since(node, acked, fetch);
+  // Held well within the node's TTL, which this call has just renewed.
+  hold = options_.catalog_sync.count() > 0 ? std::clamp(hold, Millis(0), options_.node_ttl / 3)
+                                           : Millis(0);
+  return log_.Since(node, acked, fetch, hold);
+}
+
+void Master::Close() { log_.Close(); }
+
+void Master::AwaitCatalog(const std::vector<Queued>& queued) {
+  if (options_.catalog_sync.count() <= 0 || queued.empty()) return;
+  const auto deadline = Clock::now() + options_.catalog_sync;
+  uint64_t late = 0;
+  for (const Queued& q : queued) {
+    if (!log_.WaitApplied(q.node, q.generation, q.seq, deadline)) ++late;
+  }
+  if (late > 0) {
+    FERRY_COUNT(catalog_sync_timeouts, 1);
+    FERRY_LOG_DEBUG("master: {} catalog changes not applied within {} ms", late,
+                    options_.catalog_sync.count());
+  }
 }
 
 Status Master::SetTerm(uint64_t t) {
@@ -151,9 +173,10 @@ CatalogEntry Master::EntryOf(const std::string& key, const Object& o, const Allo
   return e;
 }
 
-void Master::Catalog(const std::string& key, const Object& o) {
+void Master::Catalog(const std::string& key, const Object& o, std::vector<Queued>* queued) {
   for (const Allocation& a : o.replicas) {
-    (void)log_.Add(a.node, a.generation, false, EntryOf(key, o, a));
+    const uint64_t seq = log_.Add(a.node, a.generation, false, EntryOf(key, o, a));
+    if (queued != nullptr && seq != 0) queued->push_back({a.node, a.generation, seq});
   }
 }
 
@@ -161,10 +184,12 @@ void Master::Catalog(const std::string& key, const Object& o) {
 // node checksums an object when it lists it and drops the entry at its next
 // mount if the bytes no longer match, so reused space does not come back as
 // the object (docs/store.md says where that falls short).
-void Master::FreeLater(const std::string& key, Object& o, Clock::time_point until) {
+void Master::FreeLater(const std::string& key, Object& o, Clock::time_point until,
+                       std::vector<Queued>* queued) {
   if (o.complete) {
     for (const Allocation& a : o.replicas) {
-      (void)log_.Add(a.node, a.generation, true, EntryOf(key, o, a));
+      const uint64_t seq = log_.Add(a.node, a.generation, true, EntryOf(key, o, a));
+      if (queued != nullptr && seq != 0) queued->push_back({a.node, a.generation, seq});
     }
   }
   FreeLater(std::move(o.replicas), until);
@@ -240,9 +265,26 @@ Result<PutGrant> Master::PutBegin(const PutSpec& spec, const std::string& client
 }
 
 Status Master::PutEnd(const std::string& key, uint64_t put_id, bool commit) {
+  std::vector<Queued> queued;
+  Status st = PutEndOne(key, put_id, commit, &queued);
+  AwaitCatalog(queued);
+  return st;
+}
+
+std::vector<Status> Master::PutEnd(const std::vector<store::PutEnd>& items) {
+  std::vector<Queued> queued;
+  std::vector<Status> out;
+  out.reserve(items.size());
+  for (const auto& i : items) out.push_back(PutEndOne(i.key, i.put_id, i.commit, &queued));
+  AwaitCatalog(queued);
+  return out;
+}
+
+Status Master::PutEndOne(const std::string& key, uint64_t put_id, bool commit,
+                         std::vector<Queued>* queued) {
   FERRY_RETURN_IF_ERROR(CheckKey(key));
   Shard& shard = ShardOf(key);
-  std::lock_guard lock(shard.mu);
+  std::unique_lock lock(shard.mu);
   auto it = shard.objects.find(key);
   const auto now = Clock::now();
   if (it == shard.objects.end() || it->second.complete || it->second.put_id != put_id) {
@@ -252,7 +294,8 @@ Status Master::PutEnd(const std::string& key, uint64_t put_id, bool commit) {
   if (commit && now < it->second.put_deadline) {
     it->second.complete = true;
     it->second.last_access = now;
-    Catalog(key, it->second);
+    Catalog(key, it->second, queued);
+    lock.unlock();
     FERRY_COUNT(puts_committed, 1);
     return Status::Ok();
   }
@@ -318,22 +361,38 @@ Status Master::Exists(const std::string& key) {
 }
 
 Status Master::Remove(const std::string& key, bool force) {
+  std::vector<Queued> queued;
+  Status st = RemoveOne(key, force, &queued);
+  AwaitCatalog(queued);
+  return st;
+}
+
+std::vector<Status> Master::Remove(const std::vector<std::string>& keys, bool force) {
+  std::vector<Queued> queued;
+  std::vector<Status> out;
+  out.reserve(keys.size());
+  for (const auto& k : keys) out.push_back(RemoveOne(k, force, &queued));
+  AwaitCatalog(queued);
+  return out;
+}
+
+Status Master::RemoveOne(const std::string& key, bool force, std::vector<Queued>* queued) {
   FERRY_RETURN_IF_ERROR(CheckKey(key));
   Shard& shard = ShardOf(key);
   std::lock_guard lock(shard.mu);
   auto it = shard.objects.find(key);
   if (it == shard.objects.end()) return Status::NotFound("no such key");
-  return RemoveLocked(shard, it, force, Clock::now());
+  return RemoveLocked(shard, it, force, Clock::now(), queued);
 }
 
 Status Master::RemoveLocked(Shard& shard, std::unordered_map<std::string, Object>::iterator it,
-                            bool force, Clock::time_point now) {
+                            bool force, Clock::time_point now, std::vector<Queued>* queued) {
   Object& o = it->second;
   if (!force && !o.complete) return Status::Busy("the key is being written");
   const auto lease_end = o.LeaseEnd(now);
   if (!force && lease_end > now) return Status::Busy("the key is leased");
   auto until = o.complete ? lease_end : now + options_.write_grace;
-  FreeLater(it->first, o, until);
+  FreeLater(it->first, o, until, queued);
   shard.objects.erase(it);
   --objects_;
   FERRY_COUNT(removes, 1);
@@ -343,15 +402,17 @@ Status Master::RemoveLocked(Shard& shard, std::unordered_map<std::string, Object
 uint64_t Master::RemoveAll(bool force) {
   uint64_t removed = 0;
   const auto now = Clock::now();
+  std::vector<Queued> queued;
   for (auto& shard : shards_) {
     std::lock_guard lock(shard->mu);
     for (auto it = shard->objects.begin(); it != shard->objects.end();) {
       auto next = std::next(it);
       // Without force, objects being written or leased stay, as with Remove.
-      if (RemoveLocked(*shard, it, force, now).ok()) ++removed;
+      if (RemoveLocked(*shard, it, force, now, &queued).ok()) ++removed;
       it = next;
     }
   }
+  AwaitCatalog(queued);
   return removed;
 }
 

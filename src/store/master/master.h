@@ -42,6 +42,11 @@ struct MasterOptions {
   // without elections; `ferry master` picks one from the clock, so a
   // restarted master's is higher. Raised later by Master::SetTerm.
   uint64_t term = 0;
+  // Above 0, a commit or a remove returns once every replica's node has
+  // applied its catalog change, waiting up to this long for each, and nodes'
+  // heartbeats wait for their changes: what was acknowledged survives the
+  // master (store/master/catalog_log.h). An elected master turns it on.
+  Millis catalog_sync{0};
 };
 
 struct MasterStats {
@@ -57,6 +62,8 @@ struct MasterStats {
   // node to mount, and from every mount since start.
   uint64_t recovered = 0, recovered_total = 0;
   uint64_t catalog_pending = 0;  // catalog changes the nodes have still to apply
+  // Commits and removes that returned before a node applied their change.
+  uint64_t catalog_sync_timeouts = 0;
   // Calls refused for not proving the cluster secret; counted by the
   // service (MasterServer), not by Master, which leaves it 0.
   uint64_t auth_failures = 0;
@@ -85,9 +92,11 @@ class Master {
   // changes after `acked` that the node has still to apply.
   Result<MountReply> Mount(const NodeMount& mount);
   Status Mount(const std::string& node, uint64_t epoch, const std::vector<Region>& regions);
-  // With `fetch` false it only records `acked`, and returns nothing.
+  // With `fetch` false it only records `acked`, and returns nothing. With
+  // catalog_sync on, and nothing to return, it waits up to `hold` (at most
+  // a third of the node TTL) for a change.
   Result<std::vector<CatalogChange>> Heartbeat(const std::string& node, uint64_t acked,
-                                               bool fetch = true);
+                                               bool fetch = true, Millis hold = Millis(0));
   Status Heartbeat(const std::string& node) { return Heartbeat(node, 0).status(); }
   Status Unmount(const std::string& node);
 
@@ -100,6 +109,8 @@ class Master {
   // Commits (the object becomes visible) or aborts an open put. NotFound when
   // the put is unknown, expired or was aborted.
   Status PutEnd(const std::string& key, uint64_t put_id, bool commit);
+  // Each in turn, then one catalog wait for them all (catalog_sync).
+  std::vector<Status> PutEnd(const std::vector<store::PutEnd>& items);
   // Locations of a complete object, granting a read lease. NotFound otherwise.
   Result<GetGrant> Get(const std::string& key);
   // Ends a lease before its term, once its reader is done. NotFound when the
@@ -109,6 +120,7 @@ class Master {
   Status Exists(const std::string& key);
   // Busy while leased or being written, unless forced.
   Status Remove(const std::string& key, bool force);
+  std::vector<Status> Remove(const std::vector<std::string>& keys, bool force);
   // Removes every object Remove would; returns how many.
   uint64_t RemoveAll(bool force);
   // Sets the pin of a complete object; StorePin::kNone unpins.
@@ -116,6 +128,9 @@ class Master {
 
   // Background work, also run by the thread every options.tick.
   void Tick();
+  // Ends the catalog waits under way and holds no more heartbeats: a server
+  // stopping, whose calls must return.
+  void Close();
   MasterStats Stats() const;
 
   // The fencing term (MasterOptions::term). SetTerm raises it, as an
@@ -150,18 +165,33 @@ class Master {
     Allocation allocation;
     Clock::time_point until;
   };
+  // A catalog change queued for a node's mount.
+  struct Queued {
+    std::string node;
+    uint64_t generation = 0, seq = 0;
+  };
 
   Shard& ShardOf(const std::string& key);
+  // PutEnd and Remove, queuing their catalog changes without waiting.
+  Status PutEndOne(const std::string& key, uint64_t put_id, bool commit,
+                   std::vector<Queued>* queued);
+  Status RemoveOne(const std::string& key, bool force, std::vector<Queued>* queued);
   // Remove, with the shard locked and the object found.
+  // The forgets it queues go to `queued` when not null.
   Status RemoveLocked(Shard& shard, std::unordered_map<std::string, Object>::iterator it,
-                      bool force, Clock::time_point now);
+                      bool force, Clock::time_point now, std::vector<Queued>* queued = nullptr);
   // Frees an object's space now or, if it may still be touched, at `until`;
-  // each node that lists the object is told to forget it.
-  void FreeLater(const std::string& key, Object& o, Clock::time_point until);
+  // each node that lists the object is told to forget it (those changes go
+  // to `queued` when not null).
+  void FreeLater(const std::string& key, Object& o, Clock::time_point until,
+                 std::vector<Queued>* queued = nullptr);
   void FreeLater(std::vector<Allocation> replicas, Clock::time_point until);
   CatalogEntry EntryOf(const std::string& key, const Object& o, const Allocation& a) const;
   // Tells each replica's node to catalog the object (again: a new pin).
-  void Catalog(const std::string& key, const Object& o);
+  void Catalog(const std::string& key, const Object& o, std::vector<Queued>* queued = nullptr);
+  // With catalog_sync on, waits until the nodes applied those changes (not
+  // holding a shard's lock).
+  void AwaitCatalog(const std::vector<Queued>& queued);
   // Mount's second half: the objects of the node's catalog (recovery.cc).
   uint64_t Recover(const std::string& node, uint64_t generation,
                    const std::vector<CatalogEntry>& catalog);

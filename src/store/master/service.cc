@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "common/host.h"
@@ -87,7 +88,10 @@ class Service final : public pb::Master::Service {
       SetStatus(reply.status(), resp->mutable_status());
       resp->set_node_ttl_ms(static_cast<uint64_t>(m_.options().node_ttl.count()));
       resp->set_term(m_.term());
-      if (reply.ok()) resp->set_recovered(reply.value().recovered);
+      if (reply.ok()) {
+        resp->set_recovered(reply.value().recovered);
+        resp->set_catalog_sync(reply.value().catalog_sync);
+      }
       return grpc::Status::OK;
     });
   }
@@ -95,7 +99,9 @@ class Service final : public pb::Master::Service {
   grpc::Status Heartbeat(grpc::ServerContext* ctx, const pb::NodeRequest* req,
                          pb::NodeResponse* resp) override {
     return Serve(ctx, "Heartbeat", [&] {
-      auto changes = m_.Heartbeat(req->node(), req->acked(), !req->ack_only());
+      // The master caps the hold; a huge one must not overflow on the way.
+      const Millis hold(std::min<uint64_t>(req->hold_ms(), 60'000));
+      auto changes = m_.Heartbeat(req->node(), req->acked(), !req->ack_only(), hold);
       SetStatus(changes.status(), resp->mutable_status());
       resp->set_term(m_.term());
       if (!changes.ok()) return grpc::Status::OK;
@@ -153,9 +159,12 @@ class Service final : public pb::Master::Service {
     return Serve(ctx, "PutEnd", [&] {
       if (auto st = CheckCount(req->items_size()); !st.ok()) return st;
       resp->set_term(m_.term());
+      std::vector<store::PutEnd> items;
+      items.reserve(static_cast<size_t>(req->items_size()));
       for (const auto& item : req->items()) {
-        SetStatus(m_.PutEnd(item.key(), item.put_id(), item.commit()), resp->add_results());
+        items.push_back({item.key(), item.put_id(), item.commit()});
       }
+      for (const Status& st : m_.PutEnd(items)) SetStatus(st, resp->add_results());
       return grpc::Status::OK;
     });
   }
@@ -206,9 +215,8 @@ class Service final : public pb::Master::Service {
     return Serve(ctx, "Remove", [&] {
       if (auto st = CheckCount(req->keys_size()); !st.ok()) return st;
       resp->set_term(m_.term());
-      for (const auto& key : req->keys()) {
-        SetStatus(m_.Remove(key, req->force()), resp->add_results());
-      }
+      const std::vector<std::string> keys(req->keys().begin(), req->keys().end());
+      for (const Status& st : m_.Remove(keys, req->force())) SetStatus(st, resp->add_results());
       return grpc::Status::OK;
     });
   }
@@ -322,6 +330,9 @@ std::string MetricsText(const MasterStats& s) {
       s.recovered_total);
   add("store_catalog_pending", "gauge", "Catalog changes the nodes have still to apply.",
       s.catalog_pending);
+  add("store_catalog_sync_timeouts_total", "counter",
+      "Puts and removes that returned before their nodes applied the catalog change.",
+      s.catalog_sync_timeouts);
   return out;
 }
 
@@ -349,6 +360,7 @@ class MasterServer::Impl {
 MasterServer::MasterServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 MasterServer::~MasterServer() {
+  impl_->master.Close();  // held heartbeats and commits waiting on them return
   if (impl_->http_port >= 0) {
     impl_->http.stop();
     impl_->http_thread.join();

@@ -65,7 +65,9 @@ Status StoreNode::MountOnce() {
   catalog_.Restart();
   mounted_before_ = true;
   // A third of the master's TTL at most; the ticker runs from Start on.
-  ticker_->SetPeriod(std::max(Millis(5), std::min(options_.heartbeat, reply.node_ttl / 3)));
+  period_ = std::max(Millis(5), std::min(options_.heartbeat, reply.node_ttl / 3));
+  ticker_->SetPeriod(period_);
+  catalog_sync_ = reply.catalog_sync;
   mounted_ = true;
   FERRY_LOG_INFO("node {}: mounted {} regions at {} (term {}); {} of {} cataloged objects taken",
                  engine_.name(), regions_.size(), client_->address(), reply.term, reply.recovered,
@@ -77,20 +79,31 @@ Status StoreNode::MountOnce() {
 // the master has forgotten this node.
 void StoreNode::Tick() {
   if (mounted_) {
-    auto changes = client_->Heartbeat(engine_.name(), catalog_.acked());
+    const auto start = Clock::now();
+    const Millis hold = catalog_sync_ ? period_ : Millis(0);
+    auto changes = client_->Heartbeat(engine_.name(), catalog_.acked(), false, hold);
     if (changes.status().code() == StatusCode::kNotFound) {
       FERRY_LOG_WARN("node {}: the master forgot this node; mounting again", engine_.name());
       mounted_ = false;
     } else if (changes.ok()) {
       // A batch is acknowledged at once, not at the next heartbeat, so the
-      // master's queue for this node (ferry_store_catalog_pending) empties.
-      if (!changes.value().empty()) {
+      // master's queue for this node (ferry_store_catalog_pending) empties
+      // and, in sync mode, the commits waiting on it return.
+      const bool some = !changes.value().empty();
+      bool applied = true;
+      if (some) {
         Status st = catalog_.Apply(changes.value());
+        applied = st.ok();
         if (!st.ok()) {
           FERRY_LOG_WARN("node {}: catalog: {}", engine_.name(), st.ToString());
-        } else {
+        } else if (!catalog_sync_) {
           changes = client_->Heartbeat(engine_.name(), catalog_.acked(), /*ack_only=*/true);
         }
+      }
+      // The next call acknowledges and waits again. A call answered early
+      // with nothing (a master stopping) waits the period out instead.
+      if (catalog_sync_ && applied && (some || Clock::now() - start >= hold / 2)) {
+        ticker_->Wake();
       }
     }
     if (!changes.ok() && changes.status().code() != StatusCode::kNotFound) {

@@ -61,6 +61,10 @@ class StoreNode {
   std::vector<std::pair<uint64_t, uint64_t>> regions_;
   std::atomic<bool> mounted_{false};
   bool mounted_before_ = false;  // by Tick's thread (and Start's, before it runs)
+  // The master holds heartbeats for catalog changes (MountReply::
+  // catalog_sync): poll again at once; by Tick's thread, as is period_.
+  bool catalog_sync_ = false;
+  Millis period_{0};
   NodeCatalog catalog_;
 
   // Runs Tick from Start on; stopped first on destruction.

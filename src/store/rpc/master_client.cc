@@ -208,17 +208,20 @@ Result<MountReply> MasterClient::Mount(const NodeMount& m) {
   FERRY_RETURN_IF_ERROR(impl_->fence->Observe(resp.term()));
   FERRY_RETURN_IF_ERROR(FromProto(resp.status()));
   return MountReply{Millis(std::max<uint64_t>(resp.node_ttl_ms(), 10)), resp.term(),
-                    resp.recovered()};
+                    resp.recovered(), resp.catalog_sync()};
 }
 
 Result<std::vector<CatalogChange>> MasterClient::Heartbeat(const std::string& node, uint64_t acked,
-                                                           bool ack_only) {
+                                                           bool ack_only, Millis hold) {
   pb::NodeRequest req;
   req.set_node(node);
   req.set_acked(acked);
   req.set_ack_only(ack_only);
+  req.set_hold_ms(static_cast<uint64_t>(std::max<int64_t>(hold.count(), 0)));
   pb::NodeResponse resp;
-  FERRY_ASSIGN_OR_RETURN(auto ctx, impl_->Context("Heartbeat"));
+  // A held call may take its hold on top of the usual time.
+  FERRY_ASSIGN_OR_RETURN(auto ctx,
+                         store::Context(impl_->key.get(), impl_->timeout + hold, "Heartbeat"));
   FERRY_ASSIGN_OR_RETURN(auto stub, impl_->Stub());
   FERRY_RETURN_IF_ERROR(impl_->Done(stub->Heartbeat(ctx.get(), req, &resp), "Heartbeat"));
   FERRY_RETURN_IF_ERROR(impl_->fence->Observe(resp.term()));

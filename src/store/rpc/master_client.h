@@ -43,8 +43,9 @@ class MasterClient {
   // changes are checked: valid entries, numbered from acked+1 on.
   Result<MountReply> Mount(const NodeMount& mount);
   // `ack_only`: records `acked` and fetches nothing (the answer is empty).
+  // `hold`: a master in catalog-sync mode may wait that long for a change.
   Result<std::vector<CatalogChange>> Heartbeat(const std::string& node, uint64_t acked,
-                                               bool ack_only = false);
+                                               bool ack_only = false, Millis hold = Millis(0));
   Status Unmount(const std::string& node);
 
   // One result per item. A failed call fails as a whole.

@@ -67,7 +67,7 @@ struct CatalogChange {
 // What a node mounts with.
 struct NodeMount {
   std::string node;
-  uint64_t epoch = 0;  // the node's engine epoch, never 0
+  uint64_t epoch = 0;                                  // the node's engine epoch, never 0
   std::vector<std::pair<uint64_t, uint64_t>> regions;  // (base, size)
   std::vector<CatalogEntry> catalog;
   bool resumed = false;  // mounted before: old grants may still write its free space
@@ -78,6 +78,9 @@ struct MountReply {
   Millis node_ttl{0};
   uint64_t term = 0;
   uint64_t recovered = 0;  // catalog entries taken; the rest are forgotten
+  // The master holds heartbeats until there are catalog changes, and waits
+  // for them to be applied (MasterOptions::catalog_sync): poll without pause.
+  bool catalog_sync = false;
 };
 
 }  // namespace ferry::store
