@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
 import ferry  # noqa: E402
 from etcd_server import EtcdServer  # noqa: E402
-from ha_cluster import LEADER_TTL_S, MASTER_ARGS, HaCluster, Load  # noqa: E402
+from ha_cluster import LEADER_TTL_S, MASTER_ARGS, HaCluster, Load, value_of  # noqa: E402
 from store_cluster import wait_until  # noqa: E402
 
 
@@ -53,9 +53,18 @@ def one_round(etcd, name, rate):
             load.stop = True
             t.join(30)
         achieved = ops_before / 2
+        # Every acknowledged put, before the kill and after, read back.
+        lost = 0
+        for i in load.acked:
+            try:
+                if store.get(f"k{i}") != value_of(i):
+                    lost += 1
+            except ferry.FerryError:
+                lost += 1
         store.close()
         return {"failover_s": first - killed, "failed_ops": len(load.failures),
                 "wrong_reads": load.wrong, "achieved_ops_per_s": achieved,
+                "acknowledged_puts": len(load.acked), "acknowledged_lost": lost,
                 "first_failure": load.failures[0][1] if load.failures else ""}
     finally:
         ha.close()
@@ -75,6 +84,7 @@ def main():
             rounds.append(res)
             print(f"round {r}: leader dead to first put {res['failover_s']:.2f} s, "
                   f"{res['failed_ops']} failed ops, {res['wrong_reads']} wrong reads, "
+                  f"{res['acknowledged_lost']} of {res['acknowledged_puts']} acknowledged puts lost, "
                   f"{res['achieved_ops_per_s']:.0f} ops/s before", flush=True)
     finally:
         etcd.close()
@@ -84,7 +94,8 @@ def main():
            "leader_ttl_s": LEADER_TTL_S, "master_args": MASTER_ARGS,
            "median_failover_s": med("failover_s"), "median_failed_ops": med("failed_ops"),
            "median_achieved_ops_per_s": med("achieved_ops_per_s"),
-           "wrong_reads": sum(x["wrong_reads"] for x in rounds), "rounds": rounds}
+           "wrong_reads": sum(x["wrong_reads"] for x in rounds),
+           "acknowledged_lost": sum(x["acknowledged_lost"] for x in rounds), "rounds": rounds}
     print(json.dumps({k: v for k, v in doc.items() if k != "rounds"}))
     if a.out:
         json.dump(doc, open(a.out, "w"), indent=1)
