@@ -23,10 +23,12 @@ test: build fuzz-build
 	cd $(FUZZ_DIR) && ctest --output-on-failure --timeout 600
 
 # The libFuzzer targets of tests/fuzz, in a clang build of their own:
-# `make fuzz` runs each for FUZZ_SECONDS and, given FUZZ_JSON=path (say
-# bench/results/fuzz-$$(date +%F).json), writes the report there.
+# `make fuzz` runs each for FUZZ_SECONDS, FUZZ_JOBS at once, and, given
+# FUZZ_JSON=path (say bench/results/fuzz-$$(date +%F).json), writes the
+# report there.
 FUZZ_DIR ?= build-fuzz
 FUZZ_SECONDS ?= 60
+FUZZ_JOBS ?= 1
 FUZZ_JSON ?=
 .PHONY: fuzz fuzz-build
 
@@ -39,7 +41,7 @@ fuzz-build: deps $(FUZZ_DIR)/build.ninja
 
 fuzz: fuzz-build
 	/usr/bin/python3 tests/fuzz/run.py --build-dir $(FUZZ_DIR) --seconds $(FUZZ_SECONDS) \
-	  $(if $(FUZZ_JSON),--json $(FUZZ_JSON))
+	  --jobs $(FUZZ_JOBS) $(if $(FUZZ_JSON),--json $(FUZZ_JSON))
 
 # Sanitizer runs (docs/testing.md): `make test-asan` (ASan, LSan and UBSan)
 # and `make test-tsan` each configure a build of their own, build it and run

@@ -68,6 +68,38 @@ def frame_stream_seeds() -> dict[str, bytes]:
     return s
 
 
+CHALLENGE, PROOF = 9, 10
+
+
+def handshake_seeds() -> dict[str, bytes]:
+    # handshake_fuzz.cc: the first byte picks the side and the harness's part.
+    nonce = bytes(range(32))
+    return {
+        "peer-hello-nonce": b"\0" + frame(HELLO, 1, 0, 32, payload=nonce),
+        "peer-hello-proof": b"\0" + frame(HELLO, 1, 0x5eed, 32, payload=nonce) +
+        frame(PROOF, 2, 0, 32, payload=b"p" * 32) + frame(GET_DESC, 3),
+        "peer-no-nonce": b"\0" + frame(HELLO, 1),
+        "peer-descriptor-first": b"\0" + frame(GET_DESC, 1),
+        "peer-write-first": b"\0" + write(1, 0, b"w" * 16),
+        "peer-proof-first": b"\0" + frame(PROOF, 1, 0, 32, payload=b"p" * 32),
+        "peer-two-hellos": b"\0" + frame(HELLO, 1, 0, 32, payload=nonce) +
+        frame(HELLO, 2, 0, 32, payload=nonce),
+        "honest": b"\1" + nonce + b"\0",
+        "honest-epoch": b"\1" + nonce + b"\1",
+        "honest-stale": b"\1" + nonce + b"\2",
+        "replay": b"\2" + nonce + b"\1",
+        "target-ack": b"\3\0" + frame(HELLO_ACK, 0, 0x5eed),
+        "target-refuses": b"\3\1" + frame(HELLO_ACK, 0, 0, 0, status=16),
+        "target-garbage": b"\3\0" + b"x" * 40,
+        "target-challenge-ack": b"\4\0" + nonce + struct.pack("<Q", 0x5eed) +
+        frame(HELLO_ACK, 0, 0x5eed),
+        "target-challenge-restarted": b"\4\1" + nonce + struct.pack("<Q", 7) +
+        frame(HELLO_ACK, 0, 7, 0, status=12),
+        "target-challenge-twice": b"\4\0" + nonce + struct.pack("<Q", 1) +
+        frame(CHALLENGE, 0, 1, 64, payload=b"c" * 64),
+    }
+
+
 # ---- the segment descriptor (transfer/descriptor.h) ----
 
 DESC_FORMAT = constant("transfer/descriptor.h", "kDescriptorFormat")
@@ -233,6 +265,7 @@ def master_seeds() -> dict[str, bytes]:
 def main() -> None:
     for target, seeds in [("fuzz_frame_header", frame_header_seeds()),
                           ("fuzz_frame_stream", frame_stream_seeds()),
+                          ("fuzz_handshake", handshake_seeds()),
                           ("fuzz_descriptor", descriptor_seeds()),
                           ("fuzz_attach", attach_seeds()),
                           ("fuzz_master", master_seeds())]:

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Runs Ferry's fuzz targets, each for a given time, and reports what they did.
 
-    run.py --build-dir build-fuzz --seconds 600 [--json FILE] [TARGET...]
+    run.py --build-dir build-fuzz --seconds 600 [--jobs N] [--json FILE] [TARGET...]
 
 No TARGET: every target. C++ targets are libFuzzer binaries in the build dir;
 each starts from its seeds (tests/fuzz/corpus/<name>, read only) and what earlier
@@ -15,6 +15,7 @@ inputs, crashes), and exits non-zero if any target crashed or would not run.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import datetime
 import json
 import os
@@ -25,8 +26,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-CXX_TARGETS = ["fuzz_frame_header", "fuzz_frame_stream", "fuzz_descriptor", "fuzz_attach",
-               "fuzz_master"]
+CXX_TARGETS = ["fuzz_frame_header", "fuzz_frame_stream", "fuzz_handshake", "fuzz_descriptor",
+               "fuzz_attach", "fuzz_master"]
 PY_TARGET = "fuzz_tensor_header"
 
 _STATUS = re.compile(r"^#(\d+)\s+\w+\s+cov: (\d+) ft: (\d+) corp: (\d+)/")
@@ -112,6 +113,8 @@ def main() -> int:
     ap.add_argument("--build-dir", default=os.path.join(ROOT, "build-fuzz"))
     ap.add_argument("--seconds", type=int, default=60, help="per target")
     ap.add_argument("--json", help="write the report here")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="targets run at once (each takes one core)")
     ap.add_argument("targets", nargs="*", help=f"default: all of {CXX_TARGETS + [PY_TARGET]}")
     args = ap.parse_args()
     targets = args.targets or CXX_TARGETS + [PY_TARGET]
@@ -119,13 +122,14 @@ def main() -> int:
     if unknown:
         ap.error(f"unknown targets {unknown}")
 
-    results = []
-    for t in targets:
+    def one(t: str) -> dict:
         print(f"fuzz: {t} for {args.seconds} s", flush=True)
         if t == PY_TARGET:
-            results.append(run_python(args.seconds))
-        else:
-            results.append(run_cxx(t, os.path.abspath(args.build_dir), args.seconds))
+            return run_python(args.seconds)
+        return run_cxx(t, os.path.abspath(args.build_dir), args.seconds)
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        results = list(pool.map(one, targets))
 
     print(f"{'target':<22} {'runs':>11} {'exec/s':>8} {'cov':>6} {'ft':>7} {'corpus':>7}  result")
     for r in results:
@@ -138,6 +142,7 @@ def main() -> int:
             "commit": git_commit(),
             "machine_note": f"{os.cpu_count()} cores",
             "seconds_per_target": args.seconds,
+            "jobs": args.jobs,
             "targets": results,
         }
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
