@@ -309,25 +309,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // The previous connection was closed by the listener, so nothing writes here.
   for (uint64_t i = 0; i < kMemBytes; ++i) s.mem[i] = Pattern(i);
 
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  FUZZ_CHECK(fd >= 0, "socket: %s", std::strerror(errno));
-  const int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  // A signal (libFuzzer's timer) may interrupt the connect, which then goes on
-  // by itself: wait for it, and take its outcome.
-  int rc = connect(fd, reinterpret_cast<const sockaddr*>(&s.addr), sizeof(s.addr));
-  if (rc != 0 && errno == EINTR) {
-    pollfd p{fd, POLLOUT, 0};
-    while (poll(&p, 1, 5000) < 0 && errno == EINTR) {
-    }
-    int err = 0;
-    socklen_t len = sizeof(err);
-    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-    rc = err == 0 ? 0 : -1;
-    errno = err;
-  }
-  FUZZ_CHECK(rc == 0, "connect: %s", std::strerror(errno));
-  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  const int fd = fuzz::ConnectTo(s.addr);
 
   // Send and receive together: replies that nobody reads would stop the
   // listener reading. Once every reply the model expects is in, half-close:

@@ -1,8 +1,15 @@
 // What the libFuzzer targets in tests/fuzz share: a check that reports a
 // broken property as a crash (libFuzzer keeps the input), little-endian
-// field access for rewriting inputs, and quiet logs.
+// field access for rewriting inputs, quiet logs, and a loopback connect.
 #pragma once
 
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -35,5 +42,29 @@ inline void PutLe(uint8_t* p, uint64_t v, int n) {
 // Every rejected input is logged as a warning, which would cost more than
 // the decoding itself; FERRY_LOG_LEVEL still wins when set.
 inline void QuietLogs() { setenv("FERRY_LOG_LEVEL", "off", /*overwrite=*/0); }
+
+// A non-blocking TCP socket connected to `addr`, with TCP_NODELAY. A signal
+// (libFuzzer's timer) may interrupt the connect, which then goes on by
+// itself: it is waited for, and its outcome taken.
+inline int ConnectTo(const sockaddr_in& addr) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  FUZZ_CHECK(fd >= 0, "socket: %s", std::strerror(errno));
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  int rc = connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
+  if (rc != 0 && errno == EINTR) {
+    pollfd p{fd, POLLOUT, 0};
+    while (poll(&p, 1, 5000) < 0 && errno == EINTR) {
+    }
+    int err = 0;
+    socklen_t len = sizeof(err);
+    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    rc = err == 0 ? 0 : -1;
+    errno = err;
+  }
+  FUZZ_CHECK(rc == 0, "connect: %s", std::strerror(errno));
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  return fd;
+}
 
 }  // namespace ferry::fuzz

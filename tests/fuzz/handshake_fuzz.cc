@@ -123,27 +123,6 @@ World& GetWorld() {
 
 // ---- blocking socket helpers, each bounded by `until` ----
 
-int ConnectTo(const sockaddr_in& a) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  FUZZ_CHECK(fd >= 0, "socket: %s", std::strerror(errno));
-  const int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  int rc = connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof(a));
-  if (rc != 0 && errno == EINTR) {  // libFuzzer's timer signal: it goes on by itself
-    pollfd p{fd, POLLOUT, 0};
-    while (poll(&p, 1, 5000) < 0 && errno == EINTR) {
-    }
-    int err = 0;
-    socklen_t len = sizeof(err);
-    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-    rc = err == 0 ? 0 : -1;
-    errno = err;
-  }
-  FUZZ_CHECK(rc == 0, "connect: %s", std::strerror(errno));
-  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-  return fd;
-}
-
 int Wait(int fd, short events, Clock::time_point until) {
   for (;;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
@@ -296,7 +275,7 @@ void CheckChallenge(const World& w, const Header& h, const uint8_t* payload,
 
 void RawPeer(World& w, const uint8_t* data, size_t size) {
   const std::vector<Reply> want = Predict(data, size);
-  const int fd = ConnectTo(w.addr);
+  const int fd = fuzz::ConnectTo(w.addr);
   bool reset = false;
   const auto in = Exchange(fd, {data, data + size}, Clock::now() + kStall, &reset);
   close(fd);
@@ -333,7 +312,7 @@ void HonestPeer(World& w, const uint8_t* data, size_t size, bool replay) {
   const auth::Nonce ours = NonceFrom(data, size);
   const uint64_t pick = size > 32 ? data[32] % 3 : 0;
   const uint64_t expected = pick == 0 ? 0 : pick == 1 ? kEpoch : kEpoch + 1;
-  const int fd = ConnectTo(w.addr);
+  const int fd = fuzz::ConnectTo(w.addr);
   FUZZ_CHECK(SendAll(fd,
                      Frame({Opcode::kHello, StatusCode::kOk, 7, expected, auth::kNonceBytes},
                            ours.data(), ours.size())
