@@ -122,6 +122,8 @@ def main() -> int:
     if unknown:
         ap.error(f"unknown targets {unknown}")
 
+    commit = git_commit()  # now: the tree may move on while the targets run
+
     def one(t: str) -> dict:
         print(f"fuzz: {t} for {args.seconds} s", flush=True)
         if t == PY_TARGET:
@@ -139,7 +141,7 @@ def main() -> int:
     if args.json:
         report = {
             "date": datetime.date.today().isoformat(),
-            "commit": git_commit(),
+            "commit": commit,
             "machine_note": f"{os.cpu_count()} cores",
             "seconds_per_target": args.seconds,
             "jobs": args.jobs,
