@@ -173,9 +173,10 @@ CatalogEntry Master::EntryOf(const std::string& key, const Object& o, const Allo
   return e;
 }
 
-void Master::Catalog(const std::string& key, const Object& o, std::vector<Queued>* queued) {
+void Master::Tell(const std::string& key, const Object& o, bool forget,
+                  std::vector<Queued>* queued) {
   for (const Allocation& a : o.replicas) {
-    const uint64_t seq = log_.Add(a.node, a.generation, false, EntryOf(key, o, a));
+    const uint64_t seq = log_.Add(a.node, a.generation, forget, EntryOf(key, o, a));
     if (queued != nullptr && seq != 0) queued->push_back({a.node, a.generation, seq});
   }
 }
@@ -186,12 +187,7 @@ void Master::Catalog(const std::string& key, const Object& o, std::vector<Queued
 // the object (docs/store.md says where that falls short).
 void Master::FreeLater(const std::string& key, Object& o, Clock::time_point until,
                        std::vector<Queued>* queued) {
-  if (o.complete) {
-    for (const Allocation& a : o.replicas) {
-      const uint64_t seq = log_.Add(a.node, a.generation, true, EntryOf(key, o, a));
-      if (queued != nullptr && seq != 0) queued->push_back({a.node, a.generation, seq});
-    }
-  }
+  if (o.complete) Tell(key, o, /*forget=*/true, queued);
   FreeLater(std::move(o.replicas), until);
 }
 
@@ -265,10 +261,7 @@ Result<PutGrant> Master::PutBegin(const PutSpec& spec, const std::string& client
 }
 
 Status Master::PutEnd(const std::string& key, uint64_t put_id, bool commit) {
-  std::vector<Queued> queued;
-  Status st = PutEndOne(key, put_id, commit, &queued);
-  AwaitCatalog(queued);
-  return st;
+  return PutEnd(std::vector<store::PutEnd>{{key, put_id, commit}})[0];
 }
 
 std::vector<Status> Master::PutEnd(const std::vector<store::PutEnd>& items) {
@@ -284,7 +277,7 @@ Status Master::PutEndOne(const std::string& key, uint64_t put_id, bool commit,
                          std::vector<Queued>* queued) {
   FERRY_RETURN_IF_ERROR(CheckKey(key));
   Shard& shard = ShardOf(key);
-  std::unique_lock lock(shard.mu);
+  std::lock_guard lock(shard.mu);
   auto it = shard.objects.find(key);
   const auto now = Clock::now();
   if (it == shard.objects.end() || it->second.complete || it->second.put_id != put_id) {
@@ -294,8 +287,7 @@ Status Master::PutEndOne(const std::string& key, uint64_t put_id, bool commit,
   if (commit && now < it->second.put_deadline) {
     it->second.complete = true;
     it->second.last_access = now;
-    Catalog(key, it->second, queued);
-    lock.unlock();
+    Tell(key, it->second, /*forget=*/false, queued);
     FERRY_COUNT(puts_committed, 1);
     return Status::Ok();
   }
@@ -361,10 +353,7 @@ Status Master::Exists(const std::string& key) {
 }
 
 Status Master::Remove(const std::string& key, bool force) {
-  std::vector<Queued> queued;
-  Status st = RemoveOne(key, force, &queued);
-  AwaitCatalog(queued);
-  return st;
+  return Remove(std::vector<std::string>{key}, force)[0];
 }
 
 std::vector<Status> Master::Remove(const std::vector<std::string>& keys, bool force) {
@@ -426,7 +415,7 @@ Status Master::SetPin(const std::string& key, StorePin pin, Millis ttl) {
   }
   it->second.pin = pin;
   it->second.pin_until = Clock::now() + ttl;
-  Catalog(key, it->second);
+  Tell(key, it->second, /*forget=*/false);
   return Status::Ok();
 }
 

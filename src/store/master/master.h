@@ -187,8 +187,10 @@ class Master {
                  std::vector<Queued>* queued = nullptr);
   void FreeLater(std::vector<Allocation> replicas, Clock::time_point until);
   CatalogEntry EntryOf(const std::string& key, const Object& o, const Allocation& a) const;
-  // Tells each replica's node to catalog the object (again: a new pin).
-  void Catalog(const std::string& key, const Object& o, std::vector<Queued>* queued = nullptr);
+  // Tells each replica's node to catalog the object (again: a new pin) or,
+  // with `forget`, to forget it; the changes go to `queued` when not null.
+  void Tell(const std::string& key, const Object& o, bool forget,
+            std::vector<Queued>* queued = nullptr);
   // With catalog_sync on, waits until the nodes applied those changes (not
   // holding a shard's lock).
   void AwaitCatalog(const std::vector<Queued>& queued);
