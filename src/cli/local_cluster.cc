@@ -1,8 +1,33 @@
 #include "cli/local_cluster.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <nlohmann/json.hpp>
 
 namespace ferry::cli {
+
+Result<uint16_t> FreePort(const std::string& host) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  if (inet_pton(AF_INET, host.c_str(), &a.sin_addr) != 1) {
+    return Status::InvalidArgument("not an IPv4 address: " + host);
+  }
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status::FromErrno(errno, "socket");
+  socklen_t len = sizeof(a);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    Status st = Status::FromErrno(errno, "bind " + host);
+    close(fd);
+    return st;
+  }
+  close(fd);
+  return ntohs(a.sin_port);
+}
 
 Result<nlohmann::json> SpawnReady(const std::vector<std::string>& argv,
                                   std::unique_ptr<Subprocess>* proc) {

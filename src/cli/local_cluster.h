@@ -26,6 +26,9 @@ struct NodeProcess {
 // Other lines (log lines also go to stdout) are skipped.
 Result<nlohmann::json> SpawnReady(const std::vector<std::string>& argv,
                                   std::unique_ptr<Subprocess>* proc);
+// A TCP port free on `host` (an IPv4 address) now, for a process to be told
+// before it serves: the bind is released at once, so another may take it.
+Result<uint16_t> FreePort(const std::string& host = "127.0.0.1");
 // Starts `bin master` with `args`; waits up to 20 s for its JSON line.
 Result<MasterProcess> SpawnMaster(const std::string& bin, const std::vector<std::string>& args);
 // Starts `bin node --master <master>` with `args`; waits up to 20 s.

@@ -4,11 +4,8 @@
 // Once elected it runs the master itself, in the term the election gave,
 // on the address it published, until deposed; then standby again, with no
 // metadata: a later leadership rebuilds it from the nodes' catalogs.
-#include <arpa/inet.h>
 #include <httplib.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -18,6 +15,7 @@
 #include <thread>
 
 #include "cli/cli.h"
+#include "cli/local_cluster.h"
 #include "common/log.h"
 #include "coord/etcd_client.h"
 #include "coord/etcd_url.h"
@@ -26,23 +24,6 @@
 
 namespace ferry::cli {
 namespace {
-
-// A free TCP port on `host`, so the address a candidate publishes is fixed
-// before it serves. 0 when none can be had.
-uint16_t FreePort(const std::string& host) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  socklen_t len = sizeof(a);
-  uint16_t port = 0;
-  if (fd >= 0 && inet_pton(AF_INET, host.c_str(), &a.sin_addr) == 1 &&
-      bind(fd, reinterpret_cast<sockaddr*>(&a), len) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  if (fd >= 0) close(fd);
-  return port;
-}
 
 // What the process is in the election, for /health and /metrics, and the
 // master while it leads. Callbacks of the election and HTTP handlers share it.
@@ -196,12 +177,18 @@ int MasterWithElection(const MasterArgs& args, const store::MasterServerOptions&
                  probe.status().ToString().c_str());
     return 1;
   }
-  if (o.port == 0) o.port = FreePort(o.host);
-  if (o.http_port == 0) o.http_port = FreePort(o.host);
-  if (o.port == 0 || o.http_port == 0) {
-    std::fprintf(stderr, "ferry master: no free port on %s\n", o.host.c_str());
-    return 1;
-  }
+  // Fixed now, so that the address a candidate publishes is the one it serves.
+  auto pick = [&](auto* port) {
+    if (*port != 0) return true;
+    auto free = FreePort(o.host);
+    if (!free.ok()) {
+      std::fprintf(stderr, "ferry master: no free port: %s\n", free.status().ToString().c_str());
+      return false;
+    }
+    *port = free.value();
+    return true;
+  };
+  if (!pick(&o.port) || !pick(&o.http_port)) return 1;
   const std::string address = o.host + ":" + std::to_string(o.port);
   Candidate candidate(o, etcd.value(), url.value().cluster);
   if (Status st = candidate.StartStandby(); !st.ok()) {

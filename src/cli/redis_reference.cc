@@ -14,26 +14,11 @@
 #include <thread>
 
 #include "cli/bench_util.h"
+#include "cli/local_cluster.h"
 #include "common/clock.h"
 
 namespace ferry::cli {
 namespace {
-
-Result<uint16_t> FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return Status::FromErrno(errno, "socket");
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    close(fd);
-    return Status::FromErrno(errno, "bind");
-  }
-  close(fd);
-  return ntohs(a.sin_port);
-}
 
 int ConnectLoopback(uint16_t port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
