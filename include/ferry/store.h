@@ -112,6 +112,11 @@ struct StoreOptions {
   std::chrono::milliseconds lease{5000};
   std::chrono::milliseconds put_timeout{10000};
   std::chrono::milliseconds node_ttl{5000};
+  // At most this many bytes of space reserved at the master ahead of puts,
+  // for the value sizes recent puts used: such a put skips a round trip to
+  // the master. Held while reserved (stats count it as used), ended after
+  // half the put timeout unused, and never made by evicting. 0: none.
+  uint64_t reserve_bytes = 256ull << 20;
   // Attached only: bytes of the staging area shared with the node, which bounds
   // the values a Put/Get of memory outside AllocateBuffer can move at once.
   uint64_t attach_staging = 64ull << 20;

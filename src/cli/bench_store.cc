@@ -116,7 +116,8 @@ int BenchStore(const BenchStoreArgs& a) {
       a.attach ? "/tmp/ferry-bench-store-" + std::to_string(getpid()) + ".sock" : "";
   std::vector<NodeProcess> nodes;
   for (int i = 0; i < a.nodes; ++i) {
-    std::vector<std::string> args = {"--segment-size", std::to_string(per_node)};
+    std::vector<std::string> args = {"--segment-size", std::to_string(per_node), "--reserve-bytes",
+                                     std::to_string(a.reserve_bytes)};
     if (i == 0 && a.attach) args.insert(args.end(), {"--socket", sock});
     auto n = SpawnNode(SelfExe(), master.value().address, args);
     if (!n.ok()) return Fail(n.status());
@@ -125,6 +126,7 @@ int BenchStore(const BenchStoreArgs& a) {
   StoreOptions so;
   so.master = master.value().address;
   so.local_memory = 0;  // every byte crosses to a node process
+  so.reserve_bytes = a.reserve_bytes;
   so.engine.transport = a.transport == "tcp" ? "tcp" : "";
   auto store = a.attach ? Store::Attach(sock, so) : Store::Create(so);
   if (!store.ok()) return Fail(store.status());
@@ -270,6 +272,7 @@ int BenchStore(const BenchStoreArgs& a) {
       {"values", values},
       {"batch", a.batch},
       {"catalog_sync_ms", a.catalog_sync_ms},
+      {"reserve_bytes", a.reserve_bytes},
       {"nodes", a.nodes},
       {"transport", a.attach ? "attach" : a.transport},
       {"attach", a.attach},

@@ -119,8 +119,9 @@ struct NodeArgs {
   uint64_t segment_size = 256ull << 20;
   int segments = 1;
   int64_t heartbeat_ms = 1000;
-  std::string socket;                // serve attached applications here, if set
-  std::vector<uint32_t> allow_uids;  // may attach besides this uid and root
+  std::string socket;                     // serve attached applications here, if set
+  std::vector<uint32_t> allow_uids;       // may attach besides this uid and root
+  uint64_t reserve_bytes = 256ull << 20;  // attached puts' store::CoreOptions::reserve_bytes
   // The cluster secret, for the engine, the master calls and the socket;
   // empty: FERRY_AUTH_KEY_FILE, if set.
   std::string auth_key_file;
@@ -136,6 +137,7 @@ struct BenchStoreArgs {
   bool attach = false;            // attached to the first node's socket instead
   double metadata_seconds = 1.0;  // per metadata measurement
   int64_t catalog_sync_ms = 0;    // the master's --catalog-sync-ms: what a cluster's puts pay
+  uint64_t reserve_bytes = 256ull << 20;  // StoreOptions::reserve_bytes, and the node's
   bool json = false;
 };
 int BenchStore(const BenchStoreArgs& args);

@@ -199,6 +199,9 @@ int main(int argc, char** argv) {
   n->add_option("--port", na.port, "Engine port (0 picks one)");
   n->add_option("--transport", na.transport, "Force tcp or shm");
   n->add_option("--segment-size", na_size, "Bytes per segment");
+  std::string na_reserve = "256MiB";
+  n->add_option("--reserve-bytes", na_reserve,
+                "Attached puts: space reserved at the master ahead of need, at most (0: none)");
   n->add_option("--segments", na.segments, "Segments to contribute")->check(CLI::Range(1, 64));
   n->add_option("--heartbeat-ms", na.heartbeat_ms, "Heartbeat period")
       ->check(CLI::Range(int64_t{1}, int64_t{60000}));
@@ -224,6 +227,9 @@ int main(int argc, char** argv) {
   bsc->add_option("--catalog-sync-ms", bs.catalog_sync_ms,
                   "The master's --catalog-sync-ms (an elected master's default is 1000)")
       ->check(CLI::Range(int64_t{0}, int64_t{60000}));
+  std::string bs_reserve = "256MiB";
+  bsc->add_option("--reserve-bytes", bs_reserve,
+                  "The client's (or, attached, the node's) space reserved ahead of puts; 0: none");
   bsc->add_flag("--attach", bs.attach,
                 "Attach to the first node's --socket instead of running an engine");
   bsc->add_flag("--json", bs.json, "End with one JSON line");
@@ -322,11 +328,17 @@ int main(int argc, char** argv) {
     return Master(ma);
   }
   if (n->parsed()) {
-    if (!SizeOption(na_size, &na.segment_size, "--segment-size")) return 2;
+    if (!SizeOption(na_size, &na.segment_size, "--segment-size") ||
+        !SizeOption(na_reserve, &na.reserve_bytes, "--reserve-bytes")) {
+      return 2;
+    }
     return Node(na);
   }
   if (bsc->parsed()) {
-    if (!SizeOption(bs_value, &bs.value_size, "--value-size")) return 2;
+    if (!SizeOption(bs_value, &bs.value_size, "--value-size") ||
+        !SizeOption(bs_reserve, &bs.reserve_bytes, "--reserve-bytes")) {
+      return 2;
+    }
     if (bs.value_size == 0) {
       std::cerr << "ferry: --value-size must be positive\n";
       return 2;

@@ -59,8 +59,9 @@ int Node(const NodeArgs& in) {
       return 1;
     }
     client = std::move(c).value();
-    core = std::make_unique<store::StoreCore>(*engine, *client, node.value().get(),
-                                              store::CoreOptions{});
+    store::CoreOptions co;
+    co.reserve_bytes = args.reserve_bytes;
+    core = std::make_unique<store::StoreCore>(*engine, *client, node.value().get(), co);
     store::AttachOptions ao;
     ao.path = args.socket;
     ao.allow_uids = args.allow_uids;

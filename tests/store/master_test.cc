@@ -167,6 +167,130 @@ TEST(Master, SilentNodeLosesItsReplicasAndLoneObjectsDisappear) {
   EXPECT_EQ(both.value().location.replicas[0].extents[0].segment, "b:1");
 }
 
+PutSpec Reserve(uint64_t size) {
+  PutSpec s{"", size, 1, "", StorePin::kNone, Millis(0)};
+  s.reserve = true;
+  return s;
+}
+
+TEST(Master, AReservationBecomesTheObjectItsCommitNames) {
+  Master m(Fast());
+  ASSERT_TRUE(m.Mount("n:1", 1, {{kBase, 1 << 20}}).ok());
+  auto r = m.PutBegin(Reserve(1000), "");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(m.Stats().objects, 0u);  // space, not an object
+  EXPECT_EQ(m.Stats().space.used, 1024u);
+  ASSERT_TRUE(m.PutEnd("k", r.value().put_id, true, /*reserved=*/true).ok());
+  ASSERT_TRUE(m.Exists("k").ok());
+  auto got = m.Get("k");
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got.value().location.size, 1000u);
+  EXPECT_EQ(got.value().location.replicas[0].extents[0].addr,
+            r.value().replicas[0].extents[0].addr);
+  // Ended by its commit: the id names nothing now, reserved or not.
+  EXPECT_EQ(m.PutEnd("j", r.value().put_id, true, true).code(), StatusCode::kNotFound);
+  EXPECT_EQ(m.PutEnd("k", r.value().put_id, true).code(), StatusCode::kNotFound);
+  EXPECT_EQ(m.Stats().reserved, 1u);
+  EXPECT_EQ(m.Stats().reserved_committed, 1u);
+}
+
+TEST(Master, BadReservationsAndCommitsAreRefusedAndLoseNothing) {
+  Master m(Fast());
+  ASSERT_TRUE(m.Mount("n:1", 1, {{kBase, 1 << 20}}).ok());
+  PutSpec keyed{"k", 1000, 1, "", StorePin::kNone, Millis(0)};
+  keyed.reserve = true;
+  EXPECT_EQ(m.PutBegin(keyed, "").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(m.PutBegin({"", 1000, 1, "", StorePin::kNone, Millis(0)}, "").status().code(),
+            StatusCode::kInvalidArgument);  // an empty key needs reserve
+  EXPECT_EQ(m.PutBegin(Reserve(0), "").status().code(), StatusCode::kInvalidArgument);
+  auto r = m.PutBegin(Reserve(1000), "");
+  ASSERT_TRUE(r.ok());
+  const uint64_t id = r.value().put_id;
+  EXPECT_EQ(m.PutEnd("k", id + 1, true, true).code(), StatusCode::kNotFound);
+  EXPECT_EQ(m.PutEnd("", id, true, true).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(m.PutEnd(std::string(Master::kMaxKeyBytes + 1, 'x'), id, true, true).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(m.PutEnd("k", id, true, /*reserved=*/false).code(), StatusCode::kNotFound);
+  // None of those ended it.
+  ASSERT_TRUE(m.PutEnd("k", id, true, true).ok());
+  EXPECT_TRUE(m.Exists("k").ok());
+}
+
+TEST(Master, AReservationNamingATakenKeyFailsAndFreesItsSpace) {
+  Master m(Fast());
+  ASSERT_TRUE(m.Mount("n:1", 1, {{kBase, 1 << 20}}).ok());
+  ASSERT_TRUE(Put(m, "k", 1000).ok());
+  auto open = m.PutBegin({"busy", 1000, 1, "", StorePin::kNone, Millis(0)}, "");
+  ASSERT_TRUE(open.ok());
+  const uint64_t used = m.Stats().space.used;
+  auto r = m.PutBegin(Reserve(1000), "");
+  auto r2 = m.PutBegin(Reserve(1000), "");
+  ASSERT_TRUE(r.ok() && r2.ok());
+  EXPECT_EQ(m.PutEnd("k", r.value().put_id, true, true).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(m.PutEnd("busy", r2.value().put_id, true, true).code(), StatusCode::kBusy);
+  EXPECT_EQ(m.PutEnd("k2", r.value().put_id, true, true).code(), StatusCode::kNotFound);
+  EXPECT_EQ(m.Stats().space.used, used);  // both freed (write grace 0 here)
+  EXPECT_EQ(m.Stats().objects, 2u);
+  ASSERT_TRUE(m.PutEnd("busy", open.value().put_id, true).ok());
+}
+
+TEST(Master, AnAbortedOrAbandonedReservationIsFreed) {
+  MasterOptions o = Fast();
+  o.high_watermark = 1.0;  // a reservation may fill the node
+  Master m(o);
+  ASSERT_TRUE(m.Mount("n:1", 1, {{kBase, 4096}}).ok());
+  auto r = m.PutBegin(Reserve(4096), "");
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(m.PutEnd("", r.value().put_id, false, true).ok());  // no key needed to end one
+  EXPECT_EQ(m.Stats().space.used, 0u);
+  r = m.PutBegin(Reserve(4096), "");
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(Eventually([&] { return m.Stats().puts_reclaimed == 1; }));
+  EXPECT_EQ(m.PutEnd("k", r.value().put_id, true, true).code(), StatusCode::kNotFound);
+  EXPECT_TRUE(Eventually([&] { return m.Stats().space.used == 0; }));
+  EXPECT_TRUE(Put(m, "k", 4096).ok());
+}
+
+TEST(Master, AReservationEvictsNothingWhereAPutWould) {
+  MasterOptions o = Fast();
+  o.high_watermark = 1.0;  // only allocation failures evict
+  o.low_watermark = 1.0;
+  Master m(o);
+  ASSERT_TRUE(m.Mount("n:1", 1, {{kBase, 2 * 4096}}).ok());
+  ASSERT_TRUE(Put(m, "a", 4096).ok());
+  ASSERT_TRUE(Put(m, "b", 4096).ok());
+  EXPECT_EQ(m.PutBegin(Reserve(4096), "").status().code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(m.Exists("a").ok());
+  EXPECT_TRUE(m.Exists("b").ok());
+  EXPECT_TRUE(Put(m, "c", 4096).ok());  // a put evicts
+}
+
+TEST(Master, AReservationStaysUnderTheHighWatermark) {
+  MasterOptions o = Fast();
+  o.high_watermark = 0.5;
+  o.low_watermark = 0.25;
+  Master m(o);
+  ASSERT_TRUE(m.Mount("n:1", 1, {{kBase, 8 * 4096}}).ok());
+  ASSERT_TRUE(Put(m, "a", 2 * 4096).ok());
+  ASSERT_TRUE(m.PutBegin(Reserve(2 * 4096), "").ok());  // 4 of 8 pages: at the mark
+  EXPECT_EQ(m.PutBegin(Reserve(64), "").status().code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(m.Exists("a").ok());
+}
+
+TEST(Master, AReservationOnALostNodeIsGone) {
+  Master m(Fast());
+  ASSERT_TRUE(m.Mount("a:1", 1, {{kBase, 1 << 20}}).ok());
+  ASSERT_TRUE(m.Mount("b:1", 1, {{kBase, 1 << 20}}).ok());
+  PutSpec two = Reserve(100);
+  two.replicas = 2;
+  auto r = m.PutBegin(two, "");
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(m.Unmount("a:1").ok());
+  // All or nothing: its replica on b is freed too.
+  EXPECT_EQ(m.PutEnd("k", r.value().put_id, true, true).code(), StatusCode::kNotFound);
+  EXPECT_EQ(m.Stats().space.used, 0u);
+}
+
 TEST(Master, MetricsText) {
   Master m(Fast());
   ASSERT_TRUE(m.Mount("a:1", 1, {{kBase, 1 << 20}}).ok());

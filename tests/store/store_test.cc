@@ -190,8 +190,8 @@ TEST(Store, KilledNodeObjectsDisappearWithinTheTtl) {
 TEST(Store, MasterRestartNodesMountAgainAndClientsRecover) {
   // Short put timeouts: the restarted master fences the nodes' free space
   // that long, for the old master's grants.
-  const std::vector<std::string> flags = {"--node-ttl-ms", "2000", "--put-timeout-ms", "1000",
-                                          "--lease-ms", "1000"};
+  const std::vector<std::string> flags = {"--node-ttl-ms", "2000",       "--put-timeout-ms",
+                                          "1000",          "--lease-ms", "1000"};
   auto c = StartCluster(2, "16MiB", flags);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   const std::string addr = c.value().master.address;
@@ -222,6 +222,83 @@ TEST(Store, MasterRestartNodesMountAgainAndClientsRecover) {
   auto before = s.value()->Get("before");
   ASSERT_TRUE(before.ok()) << before.status().ToString();
   EXPECT_EQ(before.value(), Pattern(1000, 1));
+}
+
+// Batches of one shape, each value its own pattern; true when every put succeeded.
+struct ShapedPuts {
+  Store& store;
+  int batch = 0;
+  static constexpr size_t kSize = 64 << 10, kPerBatch = 8;
+  std::string Key(int b, size_t i) const { return fmt::format("b{}_{}", b, i); }
+  uint64_t Seed(int b, size_t i) const { return static_cast<uint64_t>(b) * kPerBatch + i; }
+  bool Put() {
+    std::vector<std::string> keys;
+    std::vector<std::vector<uint8_t>> values;
+    for (size_t i = 0; i < kPerBatch; ++i) {
+      keys.push_back(Key(batch, i));
+      values.push_back(Pattern(kSize, Seed(batch, i)));
+    }
+    std::vector<std::span<const uint8_t>> spans(values.begin(), values.end());
+    bool ok = true;
+    for (const Status& st : store.BatchPut(keys, spans)) {
+      EXPECT_TRUE(st.ok()) << st.ToString();
+      ok = ok && st.ok();
+    }
+    ++batch;
+    return ok;
+  }
+  void ExpectBatch(int b) {
+    for (size_t i = 0; i < kPerBatch; ++i) {
+      auto got = store.Get(Key(b, i));
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      EXPECT_EQ(got.value(), Pattern(kSize, Seed(b, i)));
+    }
+  }
+};
+
+TEST(Store, PutsOfAShapeSeenBeforeUseReservationsEvenWhenTheirNodeIsGone) {
+  auto c = StartCluster(2, "16MiB");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const int http = c.value().master.http_port;
+  auto s = Client(c.value().master.address);
+  ASSERT_TRUE(s.ok());
+  ShapedPuts puts{*s.value()};
+  // From the second batch on, puts commit space reserved for them ahead.
+  ASSERT_TRUE(Eventually([&] {
+    return puts.Put() &&
+           Metric(http, "ferry_store_reservations_committed_total") >= int64_t{puts.kPerBatch};
+  }));
+  for (int b = 0; b < puts.batch; ++b) puts.ExpectBatch(b);
+  // The pool holds a batch's worth again, about half on each node; then one
+  // node leaves, and the master forgets the reservations there.
+  ASSERT_TRUE(Eventually([&] {
+    return Metric(http, "ferry_store_reservations_total") -
+               Metric(http, "ferry_store_reservations_committed_total") >=
+           int64_t{puts.kPerBatch};
+  }));
+  ASSERT_TRUE(c.value().nodes[1].proc->Signal(SIGTERM).ok());
+  (void)c.value().nodes[1].proc->Wait(Millis(10000));
+  ASSERT_TRUE(Eventually([&] {
+    auto st = s.value()->Stats();
+    return st.ok() && st.value().nodes == 1;
+  }));
+  // Every put succeeds still: one whose reservation is void goes again.
+  ASSERT_TRUE(puts.Put());
+  puts.ExpectBatch(puts.batch - 1);
+}
+
+TEST(Store, WithoutReservationsEveryPutBeginsAtTheMaster) {
+  auto c = StartCluster(1, "16MiB");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  StoreOptions o;
+  o.reserve_bytes = 0;
+  auto s = Client(c.value().master.address, o);
+  ASSERT_TRUE(s.ok());
+  ShapedPuts puts{*s.value()};
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(puts.Put());
+  puts.ExpectBatch(3);
+  EXPECT_EQ(Metric(c.value().master.http_port, "ferry_store_reservations_total"), 0);
+  EXPECT_EQ(Metric(c.value().master.http_port, "ferry_store_puts_begun_total"), 4 * 8);
 }
 
 TEST(Store, ConcurrentClientsUnderEvictionSeeOnlyWholeValues) {
@@ -323,8 +400,7 @@ TEST(Store, MetricsAndHealthOverHttp) {
   auto st = s.value()->Stats();
   ASSERT_TRUE(st.ok());
   EXPECT_GT(st.value().term, 0u);  // ferry master's, from the clock
-  EXPECT_EQ(health->body,
-            fmt::format("ok\nterm {}\nrecovered_objects 0\n", st.value().term));
+  EXPECT_EQ(health->body, fmt::format("ok\nterm {}\nrecovered_objects 0\n", st.value().term));
   auto metrics = http.Get("/metrics");
   ASSERT_TRUE(metrics);
   EXPECT_NE(metrics->body.find(fmt::format("ferry_store_term {}\n", st.value().term)),

@@ -61,7 +61,8 @@ class EmbeddedStore final : public Store::Impl {
     }
     s->core_ = std::make_unique<store::StoreCore>(
         *s->engine_, *s->client_, s->node_.get(),
-        store::CoreOptions{options.replicas, options.prefer_local, read_delay});
+        store::CoreOptions{options.replicas, options.prefer_local, read_delay,
+                           options.reserve_bytes});
     return std::unique_ptr<Store::Impl>(std::move(s));
   }
 

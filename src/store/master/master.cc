@@ -131,6 +131,22 @@ Status Master::Unmount(const std::string& node) {
 
 void Master::DropNode(const std::string& node, uint64_t generation) {
   uint64_t dropped = 0;
+  {
+    // A reservation, like an open put, is whole or nothing.
+    std::lock_guard lock(reserved_mu_);
+    for (auto it = reserved_.begin(); it != reserved_.end();) {
+      auto& reps = it->second.replicas;
+      const size_t before = reps.size();
+      std::erase_if(
+          reps, [&](const Allocation& a) { return a.node == node && a.generation == generation; });
+      if (reps.size() == before) {
+        ++it;
+        continue;
+      }
+      FreeLater(std::move(reps), Clock::now() + options_.write_grace);
+      it = reserved_.erase(it);
+    }
+  }
   for (auto& shard : shards_) {
     std::lock_guard lock(shard->mu);
     for (auto it = shard->objects.begin(); it != shard->objects.end();) {
@@ -204,7 +220,11 @@ static std::vector<StoreReplica> Replicas(const std::vector<Allocation>& allocat
 }
 
 Result<PutGrant> Master::PutBegin(const PutSpec& spec, const std::string& client_node) {
-  FERRY_RETURN_IF_ERROR(CheckKey(spec.key));
+  if (spec.reserve) {
+    if (!spec.key.empty()) return Status::InvalidArgument("a reservation has no key");
+  } else {
+    FERRY_RETURN_IF_ERROR(CheckKey(spec.key));
+  }
   if (spec.size == 0 || spec.size > options_.max_object_size) {
     return Status::InvalidArgument("size " + std::to_string(spec.size) + " outside 1.." +
                                    std::to_string(options_.max_object_size));
@@ -213,7 +233,7 @@ Result<PutGrant> Master::PutBegin(const PutSpec& spec, const std::string& client
     return Status::InvalidArgument("replicas must be 1.." + std::to_string(options_.max_replicas));
   }
   Shard& shard = ShardOf(spec.key);
-  {
+  if (!spec.reserve) {
     std::lock_guard lock(shard.mu);
     auto it = shard.objects.find(spec.key);
     if (it != shard.objects.end()) {
@@ -221,10 +241,19 @@ Result<PutGrant> Master::PutBegin(const PutSpec& spec, const std::string& client
       return Status::Busy("another put of this key is open");
     }
   }
+  if (spec.reserve) {
+    // Nor would background eviction make room for it.
+    const SpaceUsage u = space_.Usage();
+    if (static_cast<double>(u.used + OffsetAllocator::RoundUp(spec.size) * spec.replicas) >
+        options_.high_watermark * static_cast<double>(u.capacity)) {
+      return Status::ResourceExhausted("a reservation would pass the high watermark");
+    }
+  }
   Placement p{spec.size, spec.replicas, spec.preferred.empty() ? client_node : spec.preferred};
   auto alloc = space_.Allocate(p);
   // Never "no space" while evictable data exists: evict synchronously, retry.
-  while (!alloc.ok() && alloc.status().code() == StatusCode::kResourceExhausted) {
+  // A reservation is made ahead of need, and takes free space only.
+  while (!spec.reserve && !alloc.ok() && alloc.status().code() == StatusCode::kResourceExhausted) {
     FERRY_COUNT(sync_evictions, 1);
     if (Evict(OffsetAllocator::RoundUp(spec.size) * spec.replicas, /*soft=*/true) == 0) break;
     alloc = space_.Allocate(p);
@@ -247,6 +276,12 @@ Result<PutGrant> Master::PutBegin(const PutSpec& spec, const std::string& client
   obj.pin = spec.pin;
   obj.pin_until = now + spec.pin_ttl;
   obj.term = term();
+  if (spec.reserve) {
+    std::lock_guard lock(reserved_mu_);
+    reserved_.emplace(obj.put_id, obj);
+    FERRY_COUNT(reserved, 1);
+    return PutGrant{obj.put_id, Replicas(alloc.value()), options_.put_timeout};
+  }
   {
     std::lock_guard lock(shard.mu);
     auto [it, inserted] = shard.objects.try_emplace(spec.key, obj);
@@ -260,15 +295,18 @@ Result<PutGrant> Master::PutBegin(const PutSpec& spec, const std::string& client
   return PutGrant{obj.put_id, Replicas(alloc.value()), options_.put_timeout};
 }
 
-Status Master::PutEnd(const std::string& key, uint64_t put_id, bool commit) {
-  return PutEnd(std::vector<store::PutEnd>{{key, put_id, commit}})[0];
+Status Master::PutEnd(const std::string& key, uint64_t put_id, bool commit, bool reserved) {
+  return PutEnd(std::vector<store::PutEnd>{{key, put_id, commit, reserved}})[0];
 }
 
 std::vector<Status> Master::PutEnd(const std::vector<store::PutEnd>& items) {
   std::vector<Queued> queued;
   std::vector<Status> out;
   out.reserve(items.size());
-  for (const auto& i : items) out.push_back(PutEndOne(i.key, i.put_id, i.commit, &queued));
+  for (const auto& i : items) {
+    out.push_back(i.reserved ? CommitReserved(i.key, i.put_id, i.commit, &queued)
+                             : PutEndOne(i.key, i.put_id, i.commit, &queued));
+  }
   AwaitCatalog(queued);
   return out;
 }
@@ -297,6 +335,49 @@ Status Master::PutEndOne(const std::string& key, uint64_t put_id, bool commit,
   FERRY_COUNT(puts_aborted, 1);
   if (commit) return Status::Timeout("the put expired before its commit");
   return Status::Ok();
+}
+
+Status Master::CommitReserved(const std::string& key, uint64_t put_id, bool commit,
+                              std::vector<Queued>* queued) {
+  // The key is checked first: a malformed one ends nothing.
+  if (commit) FERRY_RETURN_IF_ERROR(CheckKey(key));
+  Object obj;
+  {
+    std::lock_guard lock(reserved_mu_);
+    auto it = reserved_.find(put_id);
+    if (it == reserved_.end()) {
+      return Status::NotFound("no reservation " + std::to_string(put_id) +
+                              " (expired, ended or node lost)");
+    }
+    obj = std::move(it->second);
+    reserved_.erase(it);
+  }
+  const auto now = Clock::now();
+  Status st = Status::Ok();
+  if (!commit) {
+    FERRY_COUNT(puts_aborted, 1);
+  } else if (now >= obj.put_deadline) {
+    st = Status::Timeout("the reservation expired before its commit");
+  } else {
+    Shard& shard = ShardOf(key);
+    std::lock_guard lock(shard.mu);
+    auto it = shard.objects.find(key);
+    if (it == shard.objects.end()) {
+      obj.complete = true;
+      obj.last_access = now;
+      auto& placed = shard.objects.emplace(key, std::move(obj)).first->second;
+      ++objects_;
+      Tell(key, placed, /*forget=*/false, queued);
+      FERRY_COUNT(puts_committed, 1);
+      FERRY_COUNT(reserved_committed, 1);
+      return Status::Ok();
+    }
+    st = it->second.complete ? Status::AlreadyExists("key exists")
+                             : Status::Busy("another put of this key is open");
+  }
+  // Not the object: its space may still be written for a while.
+  FreeLater(std::move(obj.replicas), now + options_.write_grace);
+  return st;
 }
 
 Result<GetGrant> Master::Get(const std::string& key) {
@@ -494,6 +575,18 @@ void Master::Tick() {
       } else {
         ++it;
       }
+    }
+  }
+  {
+    std::lock_guard lock(reserved_mu_);
+    for (auto it = reserved_.begin(); it != reserved_.end();) {
+      if (it->second.put_deadline > now) {
+        ++it;
+        continue;
+      }
+      FreeLater(std::move(it->second.replicas), now + options_.write_grace);
+      it = reserved_.erase(it);
+      ++reclaimed;
     }
   }
   FERRY_COUNT(puts_reclaimed, reclaimed);

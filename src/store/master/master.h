@@ -54,6 +54,7 @@ struct MasterStats {
   uint64_t objects = 0;
   uint64_t deferred_bytes = 0;  // freed but fenced by a lease or write grace
   uint64_t puts_begun = 0, puts_committed = 0, puts_aborted = 0, puts_reclaimed = 0;
+  uint64_t reserved = 0, reserved_committed = 0;  // reservations made; committed as objects
   uint64_t gets = 0, get_misses = 0, exists = 0, removes = 0;
   uint64_t evicted_objects = 0, evicted_bytes = 0, sync_evictions = 0;
   uint64_t nodes_expired = 0, replicas_dropped = 0;
@@ -105,10 +106,15 @@ class Master {
   // ResourceExhausted when it fits nowhere even after evicting everything
   // evictable. `client_node`: preferred when spec.preferred is empty. A
   // replica's extents name its node as their segment.
+  // With spec.reserve (and no key): space reserved ahead of a put, which
+  // its commit names; it evicts nothing, and is reclaimed like a put when
+  // not ended before its timeout.
   Result<PutGrant> PutBegin(const PutSpec& spec, const std::string& client_node);
   // Commits (the object becomes visible) or aborts an open put. NotFound when
-  // the put is unknown, expired or was aborted.
-  Status PutEnd(const std::string& key, uint64_t put_id, bool commit);
+  // the put is unknown, expired or was aborted. A reservation's commit
+  // (`reserved`) makes it the object `key`: AlreadyExists or Busy, and the
+  // reservation ended, when the key is taken or being written.
+  Status PutEnd(const std::string& key, uint64_t put_id, bool commit, bool reserved = false);
   // Each in turn, then one catalog wait for them all (catalog_sync).
   std::vector<Status> PutEnd(const std::vector<store::PutEnd>& items);
   // Locations of a complete object, granting a read lease. NotFound otherwise.
@@ -175,6 +181,8 @@ class Master {
   // PutEnd and Remove, queuing their catalog changes without waiting.
   Status PutEndOne(const std::string& key, uint64_t put_id, bool commit,
                    std::vector<Queued>* queued);
+  Status CommitReserved(const std::string& key, uint64_t put_id, bool commit,
+                        std::vector<Queued>* queued);
   Status RemoveOne(const std::string& key, bool force, std::vector<Queued>* queued);
   // Remove, with the shard locked and the object found.
   // The forgets it queues go to `queued` when not null.
@@ -214,6 +222,10 @@ class Master {
   std::atomic<uint64_t> next_put_id_{1};
   std::atomic<uint64_t> next_lease_id_{1};
   std::atomic<uint64_t> objects_{0};
+
+  // Reservations (PutSpec::reserve), by put id: objects in all but name.
+  std::mutex reserved_mu_;
+  std::unordered_map<uint64_t, Object> reserved_;  // guarded by reserved_mu_
 
   mutable std::mutex deferred_mu_;
   std::vector<Deferred> deferred_;  // guarded by deferred_mu_

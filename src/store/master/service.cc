@@ -143,6 +143,7 @@ class Service final : public pb::Master::Service {
         }
         spec.pin = static_cast<StorePin>(item.pin());
         spec.pin_ttl = Millis(item.pin_ttl_ms());
+        spec.reserve = item.reserve();
         auto grant = m_.PutBegin(spec, client);
         SetStatus(grant.status(), out->mutable_status());
         if (!grant.ok()) continue;
@@ -162,7 +163,7 @@ class Service final : public pb::Master::Service {
       std::vector<store::PutEnd> items;
       items.reserve(static_cast<size_t>(req->items_size()));
       for (const auto& item : req->items()) {
-        items.push_back({item.key(), item.put_id(), item.commit()});
+        items.push_back({item.key(), item.put_id(), item.commit(), item.reserved()});
       }
       for (const Status& st : m_.PutEnd(items)) SetStatus(st, resp->add_results());
       return grpc::Status::OK;
@@ -309,6 +310,9 @@ std::string MetricsText(const MasterStats& s) {
   add("store_puts_committed_total", "counter", "Puts committed.", s.puts_committed);
   add("store_puts_aborted_total", "counter", "Puts aborted or expired at commit.", s.puts_aborted);
   add("store_puts_reclaimed_total", "counter", "Abandoned puts reclaimed.", s.puts_reclaimed);
+  add("store_reservations_total", "counter", "Space reserved ahead of puts.", s.reserved);
+  add("store_reservations_committed_total", "counter", "Reservations committed as objects.",
+      s.reserved_committed);
   add("store_gets_total", "counter", "Gets that found the key.", s.gets);
   add("store_get_misses_total", "counter", "Gets that did not.", s.get_misses);
   add("store_exists_total", "counter", "Exists checks.", s.exists);

@@ -117,6 +117,11 @@ struct LocalCopy {
 
 StoreCore::StoreCore(Engine& engine, MasterClient& client, StoreNode* node, CoreOptions options)
     : engine_(engine), client_(client), node_(node), options_(options) {
+  if (options_.reserve_bytes > 0) {
+    const bool prefer_local = options_.prefer_local && node_ != nullptr;
+    pool_ = std::make_unique<ReservePool>(client_, prefer_local ? engine_.name() : "", prefer_local,
+                                          options_.reserve_bytes);
+  }
   rel_thread_ = std::thread([this] {
     NameThisThread("ferry-release");
     ReleaseLoop();
@@ -269,7 +274,23 @@ bool StoreCore::Local(const StoreReplica& rep, const StoreExtent& e) const {
 
 std::vector<Status> StoreCore::Put(std::span<const std::string> keys,
                                    std::span<const Source> values, const PutOptions& po,
-                                   std::vector<Status> out, bool own_stream) {
+                                   std::vector<Status> pre, bool own_stream) {
+  std::vector<size_t> retry;
+  std::vector<Status> out = PutPass(keys, values, po, std::move(pre), own_stream, true, &retry);
+  if (retry.empty()) return out;
+  // What voided these (a node or master lost) likely voided the rest.
+  pool_->Drop();
+  std::vector<Status> again(keys.size(), Status::Cancelled("not retried"));
+  for (size_t i : retry) again[i] = Status::Ok();
+  again = PutPass(keys, values, po, std::move(again), own_stream, false, nullptr);
+  for (size_t i : retry) out[i] = std::move(again[i]);
+  return out;
+}
+
+std::vector<Status> StoreCore::PutPass(std::span<const std::string> keys,
+                                       std::span<const Source> values, const PutOptions& po,
+                                       std::vector<Status> out, bool own_stream, bool reserve,
+                                       std::vector<size_t>* retry) {
   out.resize(keys.size());
   if (values.size() != keys.size()) {
     out.assign(keys.size(), Status::InvalidArgument("keys and values differ in count"));
@@ -295,13 +316,38 @@ std::vector<Status> StoreCore::Put(std::span<const std::string> keys,
   }
   if (items.empty()) return out;
   const auto t0 = Clock::now();
-  const bool prefer_local = options_.prefer_local && node_ != nullptr;
-  auto grants = client_.PutBegin(items, prefer_local ? engine_.name() : "", prefer_local);
-  if (!grants.ok()) {
-    for (size_t i : index) out[i] = grants.status();
-    return out;
+  // Reserved space for the items with no placement or pin asked for; the
+  // others, and the misses, begin at the master.
+  std::vector<Result<PutGrant>> g(items.size(), Status::Internal("no grant"));
+  std::vector<Clock::time_point> deadline(items.size(), Clock::time_point::max());
+  std::vector<bool> reserved(items.size(), false);
+  std::vector<PutSpec> ask;
+  std::vector<size_t> asked;  // ask[k] is items[asked[k]]
+  std::map<std::pair<uint64_t, uint32_t>, size_t> shapes;
+  for (size_t j = 0; j < items.size(); ++j) {
+    const PutSpec& it = items[j];
+    if (reserve && pool_ && it.preferred.empty() && it.pin == StorePin::kNone) {
+      ++shapes[{it.size, it.replicas}];
+      if (auto r = pool_->Take(it.size, it.replicas)) {
+        g[j] = PutGrant{r->put_id, std::move(r->replicas), r->timeout};
+        deadline[j] = r->deadline;
+        reserved[j] = true;
+        continue;
+      }
+    }
+    ask.push_back(it);
+    asked.push_back(j);
   }
-  auto& g = grants.value();
+  for (const auto& [shape, n] : shapes) pool_->Want(shape.first, shape.second, n);
+  if (!ask.empty()) {
+    const bool prefer_local = options_.prefer_local && node_ != nullptr;
+    auto grants = client_.PutBegin(ask, prefer_local ? engine_.name() : "", prefer_local);
+    for (size_t k = 0; k < ask.size(); ++k) {
+      const size_t j = asked[k];
+      g[j] = grants.ok() ? std::move(grants.value()[k]) : Result<PutGrant>(grants.status());
+      if (g[j].ok()) deadline[j] = t0 + g[j].value().timeout;
+    }
+  }
   // Every replica's bytes: copied here for this process's memory, else one
   // engine batch for all.
   std::vector<Request> reqs;
@@ -312,7 +358,7 @@ std::vector<Status> StoreCore::Put(std::span<const std::string> keys,
     Status& st = out[index[j]];
     st = g[j].status();
     if (!st.ok()) continue;
-    end = std::min(end, t0 + g[j].value().timeout);
+    end = std::min(end, deadline[j]);
     const Source& src = values[index[j]];
     for (const auto& rep : g[j].value().replicas) {
       Pieces(rep, src.parts, [&](uint8_t* p, const StoreExtent& e, uint64_t eo, uint64_t n) {
@@ -344,7 +390,7 @@ std::vector<Status> StoreCore::Put(std::span<const std::string> keys,
   std::vector<size_t> end_index;
   for (size_t j = 0; j < items.size(); ++j) {
     if (!g[j].ok()) continue;
-    ends.push_back({items[j].key, g[j].value().put_id, out[index[j]].ok()});
+    ends.push_back({items[j].key, g[j].value().put_id, out[index[j]].ok(), reserved[j]});
     end_index.push_back(index[j]);
   }
   if (ends.empty()) return out;
@@ -353,6 +399,16 @@ std::vector<Status> StoreCore::Put(std::span<const std::string> keys,
     Status& st = out[end_index[k]];
     if (!ends[k].commit) continue;
     st = ended.ok() ? ended.value()[k] : ended.status();
+  }
+  // A reservation may be void: its node gone, or its master. The item goes
+  // again through PutBegin, so that a put fails only as it would have
+  // without one; a taken key fails either way.
+  for (size_t j = 0; retry != nullptr && j < items.size(); ++j) {
+    const StatusCode code = out[index[j]].code();
+    if (reserved[j] && code != StatusCode::kOk && code != StatusCode::kAlreadyExists &&
+        code != StatusCode::kBusy) {
+      retry->push_back(index[j]);
+    }
   }
   return out;
 }

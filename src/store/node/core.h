@@ -20,6 +20,7 @@
 
 #include "ferry/engine.h"
 #include "ferry/store.h"
+#include "store/node/reserve_pool.h"
 #include "store/rpc/master_client.h"
 
 namespace ferry::store {
@@ -63,6 +64,9 @@ struct CoreOptions {
   uint32_t replicas = 1;                    // when PutOptions::replicas is 0
   bool prefer_local = true;                 // first copy in `node` when it fits
   std::chrono::milliseconds read_delay{0};  // fault injection: lookup-to-read pause
+  // Space reserved ahead of puts (reserve_pool.h), at most this many bytes;
+  // 0 begins every put at the master.
+  uint64_t reserve_bytes = 256ull << 20;
 };
 
 class StoreCore {
@@ -114,6 +118,11 @@ class StoreCore {
   Engine& engine() { return engine_; }
 
  private:
+  // Put, with reservations from the pool when `reserve`; the indices of
+  // items whose reservation the master no longer knew go to `retry`.
+  std::vector<Status> PutPass(std::span<const std::string> keys, std::span<const Source> values,
+                              const PutOptions& options, std::vector<Status> pre, bool own_stream,
+                              bool reserve, std::vector<size_t>* retry);
   Result<SegmentId> Segment(const std::string& name);
   // Whether `e`, of `rep`, is this process's node memory, of this epoch.
   bool Local(const StoreReplica& rep, const StoreExtent& e) const;
@@ -157,6 +166,8 @@ class StoreCore {
   bool rel_stop_ = false;                                    // guarded by rel_mu_
   std::mutex rel_send_mu_;  // held while sending, so a flush waits for a send in flight
   std::thread rel_thread_;
+
+  std::unique_ptr<ReservePool> pool_;  // null with reserve_bytes 0
 };
 
 }  // namespace ferry::store

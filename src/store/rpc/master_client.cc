@@ -289,6 +289,7 @@ Result<std::vector<Result<PutGrant>>> MasterClient::PutBegin(const std::vector<P
           it->set_preferred_segment(items[i].preferred);
           it->set_pin(static_cast<pb::PinKind>(items[i].pin));
           it->set_pin_ttl_ms(static_cast<uint64_t>(items[i].pin_ttl.count()));
+          it->set_reserve(items[i].reserve);
         }
         pb::PutBeginResponse resp;
         FERRY_ASSIGN_OR_RETURN(auto ctx, impl_->Context("PutBegin"));
@@ -336,6 +337,7 @@ Result<std::vector<Status>> MasterClient::PutEnd(const std::vector<store::PutEnd
         it->set_key(items[i].key);
         it->set_put_id(items[i].put_id);
         it->set_commit(items[i].commit);
+        it->set_reserved(items[i].reserved);
       },
       &pb::Master::Stub::PutEnd);
 }

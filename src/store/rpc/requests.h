@@ -20,6 +20,9 @@ struct PutSpec {
   std::string preferred;  // node to hold the first replica
   StorePin pin = StorePin::kNone;
   Millis pin_ttl{0};
+  // Space reserved ahead of a put, with no key (which must be empty): the
+  // PutEnd that commits it names the object. Never evicts to make room.
+  bool reserve = false;
 };
 
 // A put the master opened: where each replica's bytes go, and how long the
@@ -35,6 +38,7 @@ struct PutEnd {
   std::string key;
   uint64_t put_id = 0;
   bool commit = false;
+  bool reserved = false;  // put_id is a reservation (PutSpec::reserve), named `key` at commit
 };
 
 // A complete object found, with the read lease the lookup granted.
