@@ -88,23 +88,30 @@ class Store:
     `local_memory` bytes of this process become a node (0: a pure client).
     lease, put_timeout and node_ttl set the in-process master (None: defaults).
     `auth_key_file`: the cluster secret's file (mode 0600), proven to the master
-    and to the nodes' engines (None: $FERRY_AUTH_KEY_FILE, else none)."""
+    and to the nodes' engines (None: $FERRY_AUTH_KEY_FILE, else none).
+    `reserve_bytes`: at most this much space reserved at the master ahead of
+    puts of the value sizes recent puts used, which then skip a master round
+    trip (None: 256 MiB; 0: none)."""
 
     def __init__(self, master: Optional[str] = None, local_memory: int = 256 << 20,
                  replicas: int = 1, *, prefer_local: bool = True, host: str = "127.0.0.1",
                  port: int = 0, transport: str = "", rpc_timeout: float = 5.0,
                  lease: Optional[float] = None, put_timeout: Optional[float] = None,
-                 node_ttl: Optional[float] = None, auth_key_file: Optional[str] = None) -> None:
+                 node_ttl: Optional[float] = None, auth_key_file: Optional[str] = None,
+                 reserve_bytes: Optional[int] = None) -> None:
         if replicas < 1:
             raise InvalidArgument(f"replicas must be at least 1, got {replicas}")
         if local_memory < 0:
             raise InvalidArgument(f"local_memory cannot be negative, got {local_memory}")
+        if reserve_bytes is not None and reserve_bytes < 0:
+            raise InvalidArgument(f"reserve_bytes cannot be negative, got {reserve_bytes}")
         self._init(_binding().create(
             master=master or "", local_memory=local_memory, replicas=replicas,
             prefer_local=prefer_local, host=host, port=port, transport=transport or "",
             rpc_timeout_ms=_millis(rpc_timeout, "rpc_timeout"),
             lease_ms=_millis(lease, "lease"), put_timeout_ms=_millis(put_timeout, "put_timeout"),
-            node_ttl_ms=_millis(node_ttl, "node_ttl"), auth_key_file=auth_key_file or ""))
+            node_ttl_ms=_millis(node_ttl, "node_ttl"), auth_key_file=auth_key_file or "",
+            reserve_bytes=-1 if reserve_bytes is None else reserve_bytes))
 
     @classmethod
     def attach(cls, path: str, *, timeout: float = 5.0, staging: int = 64 << 20,

@@ -150,7 +150,7 @@ std::unique_ptr<PyStore> CreateStore(const std::string& master, uint64_t local_m
                                      uint32_t replicas, bool prefer_local, const std::string& host,
                                      int port, const std::string& transport, int64_t rpc_timeout_ms,
                                      int64_t lease_ms, int64_t put_timeout_ms, int64_t node_ttl_ms,
-                                     const std::string& auth_key_file) {
+                                     const std::string& auth_key_file, int64_t reserve_bytes) {
   if (port < 0 || port > 65535) RaiseInvalid("port must be in [0, 65535]");
   ferry::StoreOptions o;
   o.master = master;
@@ -166,6 +166,7 @@ std::unique_ptr<PyStore> CreateStore(const std::string& master, uint64_t local_m
   if (lease_ms > 0) o.lease = Millis(lease_ms);
   if (put_timeout_ms > 0) o.put_timeout = Millis(put_timeout_ms);
   if (node_ttl_ms > 0) o.node_ttl = Millis(node_ttl_ms);
+  if (reserve_bytes >= 0) o.reserve_bytes = static_cast<uint64_t>(reserve_bytes);
   return std::make_unique<PyStore>(Take(NoGil([&] { return ferry::Store::Create(std::move(o)); })));
 }
 
@@ -207,7 +208,8 @@ void RegisterStore(py::module_& m) {
                   py::arg("prefer_local") = true, py::arg("host") = "127.0.0.1",
                   py::arg("port") = 0, py::arg("transport") = "", py::arg("rpc_timeout_ms") = 0,
                   py::arg("lease_ms") = 0, py::arg("put_timeout_ms") = 0,
-                  py::arg("node_ttl_ms") = 0, py::arg("auth_key_file") = "")
+                  py::arg("node_ttl_ms") = 0, py::arg("auth_key_file") = "",
+                  py::arg("reserve_bytes") = -1)
       .def_static("attach", &AttachStore, py::arg("path"), py::arg("rpc_timeout_ms") = 0,
                   py::arg("staging_bytes") = 0, py::arg("readiness") = 0,
                   py::arg("auth_key_file") = "")

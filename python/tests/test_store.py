@@ -53,6 +53,22 @@ def test_put_from_get_into_round_trip(store, size, kind):
         store.get_into("k", dst)  # no longer registered
 
 
+def test_puts_with_and_without_reserved_space_round_trip():
+    with pytest.raises(ferry.InvalidArgument):
+        ferry.Store(local_memory=4 * MiB, reserve_bytes=-1)
+    for reserve in (0, None):
+        with ferry.Store(local_memory=16 * MiB, reserve_bytes=reserve) as s:
+            # The same shape again and again: with reservations, from the
+            # second put on each commits space reserved for it.
+            for i in range(20):
+                s.batch_put([f"k{i}_{j}" for j in range(4)],
+                            [pattern(i * 4 + j, 4096) for j in range(4)])
+            for i in range(20):
+                assert s.get(f"k{i}_3") == pattern(i * 4 + 3, 4096).tobytes()
+            with pytest.raises(ferry.AlreadyExists):
+                s.put("k0_0", b"x" * 4096)  # a taken key fails, reserved or not
+
+
 def test_allocated_memory_outlives_the_store():
     s = ferry.Store(local_memory=4 * MiB)
     view = s.allocate_buffer(MiB)
