@@ -26,6 +26,9 @@ class PollPacer {
   // After each look. With work still pending and no progress, yields while
   // hot, else calls sleep(kIdleSleep): a plain sleep, or a wait that new
   // work can cut short.
+  // Within kHot of the last progress.
+  bool Hot() const { return Clock::now() - last_progress_ < kHot; }
+
   template <typename Sleep>
   void AfterLook(bool progressed, bool pending, Sleep&& sleep) {
     const auto now = Clock::now();

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "ferry/status.h"
 
@@ -34,6 +35,20 @@ class Copier {
   virtual void CopyAsync(void* dst, const void* src, size_t length, int device,
                          std::shared_ptr<ReadyEvent> ready,
                          std::function<void(const Status&)> done) = 0;
+
+  struct Copy {
+    void* dst;
+    const void* src;
+    size_t length;
+    std::function<void(const Status&)> done;
+  };
+  // CopyAsync for several copies on one device, all after `ready`: each stream
+  // used waits on it once and records one completion for its share, so a
+  // small copy costs one enqueue. A batch of few bytes takes one stream, a
+  // large one is spread over several so that its copies overlap. Each copy's
+  // `done` runs exactly once.
+  virtual void CopyManyAsync(std::vector<Copy> copies, int device,
+                             std::shared_ptr<ReadyEvent> ready) = 0;
 
   // Stream-ordered path (R5). OK when copies may be enqueued on `stream`;
   // NotSupported while it is being captured into a graph.

@@ -32,6 +32,8 @@ struct DevicePool {
 };
 
 constexpr int kStreamsPerDevice = 4;
+// CopyManyAsync spreads a batch of at least this many bytes over the streams.
+constexpr size_t kSpreadBytes = 32ull << 20;
 constexpr int kEventsPerDevice = 256;
 
 // The device of a caller's stream. The default and per-thread handles belong
@@ -139,6 +141,46 @@ class CudaCopier : public Copier {
     if (err == cudaSuccess) err = cudaMemcpyAsync(dst, src, length, cudaMemcpyDefault, s);
     if (err != cudaSuccess) return done(CudaError(err, "enqueueing a GPU copy"));
     Track(s, device, std::move(ready), std::move(done));
+  }
+
+  void CopyManyAsync(std::vector<Copy> copies, int device,
+                     std::shared_ptr<ReadyEvent> ready) override {
+    if (device < 0 || static_cast<size_t>(device) >= pools_.size()) {
+      for (Copy& c : copies) c.done(Status::InvalidArgument("no such GPU"));
+      return;
+    }
+    DevicePool& pool = *pools_[static_cast<size_t>(device)];
+    DeviceGuard guard(device);
+    size_t bytes = 0;
+    for (const Copy& c : copies) bytes += c.length;
+    const size_t n = bytes >= kSpreadBytes ? std::min(pool.streams.size(), copies.size()) : 1;
+    const size_t first = pool.next.fetch_add(n);
+    std::vector<std::vector<std::function<void(const Status&)>>> dones(n);
+    std::vector<bool> waited(n, ready == nullptr);
+    for (size_t i = 0; i < copies.size(); ++i) {
+      const size_t k = i % n;
+      cudaStream_t s = pool.streams[(first + k) % pool.streams.size()];
+      cudaError_t err = cudaSuccess;
+      if (!waited[k]) {
+        err = cudaStreamWaitEvent(s, ready->event, 0);
+        waited[k] = err == cudaSuccess;
+      }
+      if (err == cudaSuccess) {
+        err = cudaMemcpyAsync(copies[i].dst, copies[i].src, copies[i].length, cudaMemcpyDefault, s);
+      }
+      if (err != cudaSuccess) {
+        copies[i].done(CudaError(err, "enqueueing a GPU copy"));
+        continue;
+      }
+      dones[k].push_back(std::move(copies[i].done));
+    }
+    for (size_t k = 0; k < n; ++k) {
+      if (dones[k].empty()) continue;
+      Track(pool.streams[(first + k) % pool.streams.size()], device, ready,
+            [each = std::move(dones[k])](const Status& st) {
+              for (const auto& done : each) done(st);
+            });
+    }
   }
 
   Status CheckStream(void* stream) override {
@@ -252,6 +294,13 @@ class CudaCopier : public Copier {
     for (;;) {
       {
         std::unique_lock lk(mu_);
+        if (mine.empty() && pending_.empty() && !stopping_ && pacer.Hot()) {
+          // Right after progress the next copy is likely close: looking
+          // again beats a wake-up from the condition variable.
+          lk.unlock();
+          std::this_thread::yield();
+          continue;
+        }
         if (mine.empty()) cv_.wait(lk, [&] { return stopping_ || !pending_.empty(); });
         while (!pending_.empty()) {
           mine.push_back(std::move(pending_.front()));

@@ -1,9 +1,18 @@
 #include "transfer/batch.h"
 
+#include <thread>
+
 #include "common/log.h"
 #include "ferry/engine.h"
 
 namespace ferry {
+namespace {
+
+// WaitDone looks this long before it sleeps: a small GPU copy ends within
+// microseconds, sooner than a sleeping thread is woken.
+constexpr std::chrono::microseconds kWaitSpin{50};
+
+}  // namespace
 
 BatchState::BatchState(size_t requests) : requests_(requests) {}
 
@@ -17,6 +26,7 @@ void BatchState::Plan(size_t index, uint32_t tasks, std::string_view transport) 
 
 void BatchState::FinishLocked(Req& r) {
   r.done = true;
+  finished_.fetch_add(1, std::memory_order_release);
   if (r.status.ok()) {
     ++succeeded_;
   } else {
@@ -70,6 +80,10 @@ RequestResult BatchState::Result(size_t index) const {
 }
 
 bool BatchState::WaitDone(Deadline deadline) {
+  const auto spin_end = std::min(deadline.at(), Clock::now() + kWaitSpin);
+  while (finished_.load(std::memory_order_acquire) < requests_.size() && Clock::now() < spin_end) {
+    std::this_thread::yield();
+  }
   std::unique_lock lk(mu_);
   return cv_.wait_until(lk, deadline.at(),
                         [&] { return succeeded_ + failed_ == requests_.size(); });

@@ -140,17 +140,27 @@ class CudaIpcEndpoint : public Endpoint, public std::enable_shared_from_this<Cud
   }
 
   // A copy whose both sides are GPU or page-locked memory cannot block, so it
-  // is enqueued from the submitting thread; any other goes to a copy thread.
+  // is enqueued from the submitting thread, with the others of its batch on
+  // that device (Copier::CopyManyAsync); any other goes to a copy thread.
   void Post(std::vector<Task> tasks) override {
+    std::map<std::pair<int, gpu::ReadyEvent*>, std::vector<gpu::Copier::Copy>> direct;
+    std::map<std::pair<int, gpu::ReadyEvent*>, std::shared_ptr<gpu::ReadyEvent>> readiness;
     for (auto& t : tasks) {
       auto m = t.gpu_local ? Lookup(t.remote, t.length) : nullptr;
       if (m && m->direct) {
-        Run(t, std::move(m));
+        if (auto c = Prepare(t, std::move(m))) {
+          const int device = t.gpu_device >= 0 ? t.gpu_device : c->second;
+          direct[{device, t.ready.get()}].push_back(std::move(c->first));
+          readiness[{device, t.ready.get()}] = t.ready;
+        }
       } else {
         pool_.Post([self = shared_from_this(), t = std::move(t)] {
           self->Run(t, self->Lookup(t.remote, t.length));
         });
       }
+    }
+    for (auto& [at, copies] : direct) {
+      copier_.CopyManyAsync(std::move(copies), at.first, std::move(readiness[at]));
     }
   }
 
@@ -242,20 +252,35 @@ class CudaIpcEndpoint : public Endpoint, public std::enable_shared_from_this<Cud
     return m;
   }
 
-  // `m` is what Post found, null when nothing; the copy holds it until done.
-  void Run(const Task& t, std::shared_ptr<const Mapping> m) {
+  // `m` is what Post found, null when nothing. The copy of `t`, which holds
+  // `m` until done, and the device of the mapping; nullopt, and `t` done,
+  // when it cannot run.
+  std::optional<std::pair<gpu::Copier::Copy, int>> Prepare(const Task& t,
+                                                           std::shared_ptr<const Mapping> m) {
     Status st = CheckRunnable(t, closed_.load(std::memory_order_acquire));
     if (st.ok() && kill(static_cast<pid_t>(pid_), 0) != 0 && errno == ESRCH) {
       st = Status::ConnectionLost(name_ + " has exited");
     }
     if (st.ok() && !m) st = Unreachable(t.remote, t.length);
-    if (!st.ok()) return t.Done(st);
+    if (!st.ok()) {
+      t.Done(st);
+      return std::nullopt;
+    }
     char* remote = m->base + (t.remote - m->addr);
     void* dst = t.op == Op::kWrite ? remote : t.local;
     const void* src = t.op == Op::kWrite ? static_cast<const void*>(t.local) : remote;
-    const int device = t.gpu_device >= 0 ? t.gpu_device : m->device;
-    copier_.CopyAsync(dst, src, t.length, device, t.ready,
-                      [t, m = std::move(m)](const Status& s) { t.Done(s); });
+    const int device = m->device;
+    return std::pair{gpu::Copier::Copy{dst, src, t.length,
+                                       [t, m = std::move(m)](const Status& s) { t.Done(s); }},
+                     device};
+  }
+
+  void Run(const Task& t, std::shared_ptr<const Mapping> m) {
+    auto c = Prepare(t, std::move(m));
+    if (!c) return;
+    const int device = t.gpu_device >= 0 ? t.gpu_device : c->second;
+    copier_.CopyAsync(c->first.dst, c->first.src, c->first.length, device, t.ready,
+                      std::move(c->first.done));
   }
 
   ThreadPool& pool_;
