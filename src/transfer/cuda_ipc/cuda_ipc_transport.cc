@@ -145,10 +145,11 @@ class CudaIpcEndpoint : public Endpoint, public std::enable_shared_from_this<Cud
   void Post(std::vector<Task> tasks) override {
     std::map<std::pair<int, gpu::ReadyEvent*>, std::vector<gpu::Copier::Copy>> direct;
     std::map<std::pair<int, gpu::ReadyEvent*>, std::shared_ptr<gpu::ReadyEvent>> readiness;
+    const bool alive = PeerAlive();  // once for the batch's direct copies
     for (auto& t : tasks) {
       auto m = t.gpu_local ? Lookup(t.remote, t.length) : nullptr;
       if (m && m->direct) {
-        if (auto c = Prepare(t, std::move(m))) {
+        if (auto c = Prepare(t, std::move(m), alive)) {
           const int device = t.gpu_device >= 0 ? t.gpu_device : c->second;
           direct[{device, t.ready.get()}].push_back(std::move(c->first));
           readiness[{device, t.ready.get()}] = t.ready;
@@ -256,11 +257,10 @@ class CudaIpcEndpoint : public Endpoint, public std::enable_shared_from_this<Cud
   // `m` until done, and the device of the mapping; nullopt, and `t` done,
   // when it cannot run.
   std::optional<std::pair<gpu::Copier::Copy, int>> Prepare(const Task& t,
-                                                           std::shared_ptr<const Mapping> m) {
+                                                           std::shared_ptr<const Mapping> m,
+                                                           bool alive) {
     Status st = CheckRunnable(t, closed_.load(std::memory_order_acquire));
-    if (st.ok() && kill(static_cast<pid_t>(pid_), 0) != 0 && errno == ESRCH) {
-      st = Status::ConnectionLost(name_ + " has exited");
-    }
+    if (st.ok() && !alive) st = Status::ConnectionLost(name_ + " has exited");
     if (st.ok() && !m) st = Unreachable(t.remote, t.length);
     if (!st.ok()) {
       t.Done(st);
@@ -275,8 +275,10 @@ class CudaIpcEndpoint : public Endpoint, public std::enable_shared_from_this<Cud
                      device};
   }
 
+  bool PeerAlive() const { return kill(static_cast<pid_t>(pid_), 0) == 0 || errno != ESRCH; }
+
   void Run(const Task& t, std::shared_ptr<const Mapping> m) {
-    auto c = Prepare(t, std::move(m));
+    auto c = Prepare(t, std::move(m), PeerAlive());
     if (!c) return;
     const int device = t.gpu_device >= 0 ? t.gpu_device : c->second;
     copier_.CopyAsync(c->first.dst, c->first.src, c->first.length, device, t.ready,
