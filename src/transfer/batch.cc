@@ -2,6 +2,7 @@
 
 #include <thread>
 
+#include "common/env.h"
 #include "common/log.h"
 #include "ferry/engine.h"
 
@@ -9,8 +10,17 @@ namespace ferry {
 namespace {
 
 // WaitDone looks this long before it sleeps: a small GPU copy ends within
-// microseconds, sooner than a sleeping thread is woken.
-constexpr std::chrono::microseconds kWaitSpin{50};
+// microseconds, sooner than a sleeping thread is woken. FERRY_WAIT_SPIN_US
+// (0 to 1000) sets it, to compare; a bad value is logged and the default kept.
+std::chrono::microseconds WaitSpin() {
+  static const std::chrono::microseconds spin = [] {
+    auto v = env::GetInt("FERRY_WAIT_SPIN_US", 50);
+    if (v.ok() && v.value() >= 0 && v.value() <= 1000) return std::chrono::microseconds(v.value());
+    FERRY_LOG_WARN("FERRY_WAIT_SPIN_US: want 0 to 1000; using 50");
+    return std::chrono::microseconds(50);
+  }();
+  return spin;
+}
 
 }  // namespace
 
@@ -80,7 +90,7 @@ RequestResult BatchState::Result(size_t index) const {
 }
 
 bool BatchState::WaitDone(Deadline deadline) {
-  const auto spin_end = std::min(deadline.at(), Clock::now() + kWaitSpin);
+  const auto spin_end = std::min(deadline.at(), Clock::now() + WaitSpin());
   while (finished_.load(std::memory_order_acquire) < requests_.size() && Clock::now() < spin_end) {
     std::this_thread::yield();
   }
