@@ -72,7 +72,10 @@ struct EngineOptions {
   // 2026-12-01, kept to compare against; by default each io thread polls
   // its own sockets (docs/performance.md). Env FERRY_IO_SHARED (0 or 1).
   bool io_shared = false;
-  int copy_threads = 2;  // shm and local copy threads; env FERRY_COPY_THREADS
+  // shm and local copy threads; env FERRY_COPY_THREADS. 0: 2, or 4 on 16
+  // cores or more, where a third and fourth thread lifted shm writes into
+  // fresh memory by two thirds (docs/performance.md).
+  int copy_threads = 0;
   // Threads that start the GPU copies of tcp staging (landing what a socket
   // received; at a target, also filling a reply), so socket threads read on;
   // env FERRY_LANDING_THREADS. 0: on the socket threads. -1: one per 4 cores,

@@ -47,7 +47,8 @@ def child(args) -> dict:
     if args.what == "no_stall":
         t = torch.ones(4096, dtype=torch.uint8, device="cuda")
         torch.cuda.synchronize()
-        tag = "embedded" if args.embedded else "attached"
+        # Each round's keys are its own: the rounds share one cluster.
+        tag = f"{'embedded' if args.embedded else 'attached'}-{os.getpid()}"
         store.put_tensor(f"warm-{tag}", t)
         other = torch.cuda.Stream()
         with torch.cuda.stream(other):

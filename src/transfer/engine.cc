@@ -98,7 +98,10 @@ class Engine::Impl {
       }
     }
     FERRY_ASSIGN_OR_RETURN(memory_, LocalMemory::Create(has_gpu));
-    copy_pool_ = std::make_unique<ThreadPool>(options_.copy_threads, "ferry-copy");
+    const int copy = options_.copy_threads > 0                         ? options_.copy_threads
+                     : std::thread::hardware_concurrency() >= 16 ? 4
+                                                                   : 2;
+    copy_pool_ = std::make_unique<ThreadPool>(copy, "ferry-copy");
     ctx_ = std::make_unique<EngineContext>(
         EngineContext{options_, io_, *copy_pool_, memory_->registry(), copier_.get(), key_});
     FERRY_ASSIGN_OR_RETURN(transports_, TransportSet::Create(*ctx_, options_.transport));
