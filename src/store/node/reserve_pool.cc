@@ -65,9 +65,15 @@ std::optional<ReservePool::Reservation> ReservePool::Take(uint64_t size, uint32_
 void ReservePool::Want(uint64_t size, uint32_t replicas, size_t count) {
   {
     std::lock_guard lock(mu_);
-    Held& h = held_[{size, replicas}];
+    const auto now = Clock::now();
+    auto [it, added] = held_.try_emplace({size, replicas});
+    Held& h = it->second;
+    const bool again = !added && now - h.wanted <= kIdle;
+    h.wanted = now;
+    // A size seen once may never come back (values of varied sizes): only a
+    // shape that repeats is worth holding space for.
+    if (!again) return;
     h.want = count;
-    h.wanted = Clock::now();
     kick_ = true;
   }
   cv_.notify_one();
@@ -108,8 +114,9 @@ void ReservePool::Loop() {
         held_bytes_ -= bytes;
         return true;
       });
-      if (now - h.wanted > kIdle) h.want = 0;
-      if (h.want == 0 && h.ready.empty()) {
+      const bool idle = now - h.wanted > kIdle;
+      if (idle) h.want = 0;
+      if (idle && h.ready.empty()) {
         it = held_.erase(it);
         continue;
       }

@@ -1,11 +1,10 @@
 // Space reserved at the master ahead of puts (PutSpec::reserve), so that a
 // put of a shape seen before skips PutBegin's round trip: it writes into a
 // reservation, and its commit names the object. A background thread keeps,
-// for each shape (size, replicas) the last put used, as many reservations as
-// that put took, within `max_bytes` in all. Reservations are used only while
-// at least half their timeout is left, and the thread ends older ones, so a
-// put never starts writing into space that may be reclaimed under it.
-// Thread safe.
+// for each shape (size, replicas) that recent puts used more than once, as
+// many reservations as the last put of it took, within `max_bytes` in all. Reservations are used
+// only while at least half their timeout is left, and the thread ends older ones, so a put never
+// starts writing into space that may be reclaimed under it. Thread safe.
 #pragma once
 
 #include <condition_variable>
@@ -41,7 +40,8 @@ class ReservePool {
 
   // One reservation of that shape with half its timeout left, or nullopt.
   std::optional<Reservation> Take(uint64_t size, uint32_t replicas);
-  // The next puts are likely to need `count` of that shape: refilled at once.
+  // A put took (or would have taken) `count` of that shape: from its second
+  // put within 10 s on, the pool holds that many, refilled at once.
   void Want(uint64_t size, uint32_t replicas, size_t count);
   // Ends every reservation held: after a master change they are void.
   void Drop();
