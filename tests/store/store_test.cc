@@ -287,6 +287,21 @@ TEST(Store, PutsOfAShapeSeenBeforeUseReservationsEvenWhenTheirNodeIsGone) {
   puts.ExpectBatch(puts.batch - 1);
 }
 
+TEST(Store, ASizeSeenOnceReservesNothingUntilItComesAgain) {
+  auto c = StartCluster(1, "16MiB");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const int http = c.value().master.http_port;
+  auto s = Client(c.value().master.address);
+  ASSERT_TRUE(s.ok());
+  ShapedPuts puts{*s.value()};
+  ASSERT_TRUE(puts.Put());
+  std::this_thread::sleep_for(Millis(600));  // three rounds of the pool's thread
+  EXPECT_EQ(Metric(http, "ferry_store_reservations_total"), 0);
+  ASSERT_TRUE(puts.Put());
+  EXPECT_TRUE(Eventually(
+      [&] { return Metric(http, "ferry_store_reservations_total") >= int64_t{puts.kPerBatch}; }));
+}
+
 TEST(Store, WithoutReservationsEveryPutBeginsAtTheMaster) {
   auto c = StartCluster(1, "16MiB");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
