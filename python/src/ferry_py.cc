@@ -208,7 +208,10 @@ PYBIND11_MODULE(_ferry, m) {
             ferry::Batch& batch = b.Get();
             ferry::Status st =
                 NoGil([&] { return batch.Wait(Millis(std::max<int64_t>(timeout_ms, 0))); });
-            if (st.code() == ferry::StatusCode::kTimeout && !batch.Poll().done()) return false;
+            if (st.code() == ferry::StatusCode::kTimeout) {
+              if (!batch.Poll().done()) return false;
+              st = batch.Wait(Millis(0));  // it ended meanwhile: its own outcome
+            }
             Check(st);
             return true;
           },

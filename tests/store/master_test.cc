@@ -277,6 +277,22 @@ TEST(Master, AReservationStaysUnderTheHighWatermark) {
   EXPECT_TRUE(m.Exists("a").ok());
 }
 
+TEST(Master, ReservationsGoBeforeObjectsAboveTheHighWatermark) {
+  MasterOptions o = Fast();
+  o.high_watermark = 0.75;
+  o.low_watermark = 0.5;
+  Master m(o);
+  ASSERT_TRUE(m.Mount("n:1", 1, {{kBase, 8 * 4096}}).ok());
+  ASSERT_TRUE(Put(m, "a", 3 * 4096).ok());
+  auto r = m.PutBegin(Reserve(3 * 4096), "");  // 6 of 8 pages: at the mark
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(Put(m, "b", 4096).ok());  // 7 of 8: the next tick evicts
+  EXPECT_TRUE(Eventually([&] { return m.Stats().space.used <= 4 * 4096; }));
+  EXPECT_TRUE(m.Exists("a").ok());
+  EXPECT_TRUE(m.Exists("b").ok());
+  EXPECT_EQ(m.PutEnd("k", r.value().put_id, true, true).code(), StatusCode::kNotFound);
+}
+
 TEST(Master, AReservationOnALostNodeIsGone) {
   Master m(Fast());
   ASSERT_TRUE(m.Mount("a:1", 1, {{kBase, 1 << 20}}).ok());

@@ -253,6 +253,10 @@ Result<PutGrant> Master::PutBegin(const PutSpec& spec, const std::string& client
   auto alloc = space_.Allocate(p);
   // Never "no space" while evictable data exists: evict synchronously, retry.
   // A reservation is made ahead of need, and takes free space only.
+  if (!spec.reserve && !alloc.ok() && alloc.status().code() == StatusCode::kResourceExhausted) {
+    // Before objects; their space comes back after the write grace.
+    if (DropReservations() > 0) alloc = space_.Allocate(p);
+  }
   while (!spec.reserve && !alloc.ok() && alloc.status().code() == StatusCode::kResourceExhausted) {
     FERRY_COUNT(sync_evictions, 1);
     if (Evict(OffsetAllocator::RoundUp(spec.size) * spec.replicas, /*soft=*/true) == 0) break;
@@ -602,8 +606,24 @@ void Master::Tick() {
   const double cap = static_cast<double>(u.capacity);
   if (u.capacity > 0 && static_cast<double>(u.used) > options_.high_watermark * cap) {
     const auto target = static_cast<uint64_t>(options_.low_watermark * cap);
-    Evict(u.used - std::min(u.used, target), /*soft=*/false);
+    uint64_t excess = u.used - std::min(u.used, target);
+    // Reservations hold space for puts that have not come: they go before
+    // any object does.
+    excess -= std::min(excess, DropReservations());
+    if (excess > 0) Evict(excess, /*soft=*/false);
   }
+}
+
+uint64_t Master::DropReservations() {
+  std::lock_guard lock(reserved_mu_);
+  uint64_t bytes = 0;
+  const auto until = Clock::now() + options_.write_grace;  // one may be being written
+  for (auto& [id, o] : reserved_) {
+    for (const Allocation& a : o.replicas) bytes += Bytes(a);
+    FreeLater(std::move(o.replicas), until);
+  }
+  reserved_.clear();
+  return bytes;
 }
 
 MasterStats Master::Stats() const {

@@ -212,6 +212,8 @@ class Master {
   // Returns the bytes released.
   uint64_t Evict(uint64_t bytes, bool soft);
   void DropNode(const std::string& node, uint64_t generation);
+  // Ends every reservation (freed after the write grace); their bytes.
+  uint64_t DropReservations();
 
   const MasterOptions options_;
   std::atomic<uint64_t> term_;

@@ -338,7 +338,6 @@ std::vector<Status> StoreCore::PutPass(std::span<const std::string> keys,
     ask.push_back(it);
     asked.push_back(j);
   }
-  for (const auto& [shape, n] : shapes) pool_->Want(shape.first, shape.second, n);
   if (!ask.empty()) {
     const bool prefer_local = options_.prefer_local && node_ != nullptr;
     auto grants = client_.PutBegin(ask, prefer_local ? engine_.name() : "", prefer_local);
@@ -348,6 +347,9 @@ std::vector<Status> StoreCore::PutPass(std::span<const std::string> keys,
       if (g[j].ok()) deadline[j] = t0 + g[j].value().timeout;
     }
   }
+  // After this put's own space is granted, so the next ones' reservations
+  // never take it first.
+  for (const auto& [shape, n] : shapes) pool_->Want(shape.first, shape.second, n);
   // Every replica's bytes: copied here for this process's memory, else one
   // engine batch for all.
   std::vector<Request> reqs;
