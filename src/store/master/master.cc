@@ -4,23 +4,9 @@
 #include <functional>
 
 #include "common/log.h"
+#include "store/master/master_util.h"
 
 namespace ferry::store {
-namespace {
-
-uint64_t Bytes(const Allocation& a) {
-  uint64_t n = 0;
-  for (const auto& e : a.extents) n += OffsetAllocator::RoundUp(e.length);
-  return n;
-}
-
-uint64_t Bytes(const std::vector<Allocation>& replicas) {
-  uint64_t n = 0;
-  for (const auto& a : replicas) n += Bytes(a);
-  return n;
-}
-
-}  // namespace
 
 Master::Master(MasterOptions options) : options_(std::move(options)), term_(options_.term) {
   const int n = std::max(1, options_.shards);
@@ -39,12 +25,6 @@ Status Master::CheckKey(std::string_view key) { return store::CheckKey(key); }
 Master::Shard& Master::ShardOf(const std::string& key) {
   return *shards_[std::hash<std::string>{}(key) % shards_.size()];
 }
-
-#define FERRY_COUNT(field, n)      \
-  do {                             \
-    std::lock_guard _l(stats_mu_); \
-    counters_.field += (n);        \
-  } while (0)
 
 Status Master::Mount(const std::string& node, uint64_t epoch, const std::vector<Region>& regions) {
   NodeMount m{node, epoch, {}, {}, false};
@@ -341,49 +321,6 @@ Status Master::PutEndOne(const std::string& key, uint64_t put_id, bool commit,
   return Status::Ok();
 }
 
-Status Master::CommitReserved(const std::string& key, uint64_t put_id, bool commit,
-                              std::vector<Queued>* queued) {
-  // The key is checked first: a malformed one ends nothing.
-  if (commit) FERRY_RETURN_IF_ERROR(CheckKey(key));
-  Object obj;
-  {
-    std::lock_guard lock(reserved_mu_);
-    auto it = reserved_.find(put_id);
-    if (it == reserved_.end()) {
-      return Status::NotFound("no reservation " + std::to_string(put_id) +
-                              " (expired, ended or node lost)");
-    }
-    obj = std::move(it->second);
-    reserved_.erase(it);
-  }
-  const auto now = Clock::now();
-  Status st = Status::Ok();
-  if (!commit) {
-    FERRY_COUNT(puts_aborted, 1);
-  } else if (now >= obj.put_deadline) {
-    st = Status::Timeout("the reservation expired before its commit");
-  } else {
-    Shard& shard = ShardOf(key);
-    std::lock_guard lock(shard.mu);
-    auto it = shard.objects.find(key);
-    if (it == shard.objects.end()) {
-      obj.complete = true;
-      obj.last_access = now;
-      auto& placed = shard.objects.emplace(key, std::move(obj)).first->second;
-      ++objects_;
-      Tell(key, placed, /*forget=*/false, queued);
-      FERRY_COUNT(puts_committed, 1);
-      FERRY_COUNT(reserved_committed, 1);
-      return Status::Ok();
-    }
-    st = it->second.complete ? Status::AlreadyExists("key exists")
-                             : Status::Busy("another put of this key is open");
-  }
-  // Not the object: its space may still be written for a while.
-  FreeLater(std::move(obj.replicas), now + options_.write_grace);
-  return st;
-}
-
 Result<GetGrant> Master::Get(const std::string& key) {
   FERRY_RETURN_IF_ERROR(CheckKey(key));
   Shard& shard = ShardOf(key);
@@ -612,18 +549,6 @@ void Master::Tick() {
     excess -= std::min(excess, DropReservations());
     if (excess > 0) Evict(excess, /*soft=*/false);
   }
-}
-
-uint64_t Master::DropReservations() {
-  std::lock_guard lock(reserved_mu_);
-  uint64_t bytes = 0;
-  const auto until = Clock::now() + options_.write_grace;  // one may be being written
-  for (auto& [id, o] : reserved_) {
-    for (const Allocation& a : o.replicas) bytes += Bytes(a);
-    FreeLater(std::move(o.replicas), until);
-  }
-  reserved_.clear();
-  return bytes;
 }
 
 MasterStats Master::Stats() const {

@@ -160,8 +160,8 @@ void Space::Free(const Allocation& a) {
   FreeOn(it->second, a.extents);
 }
 
-bool Space::Claim(const std::string& node, uint64_t generation,
-                  const std::vector<Extent>& extents, Allocation* out) {
+bool Space::Claim(const std::string& node, uint64_t generation, const std::vector<Extent>& extents,
+                  Allocation* out) {
   std::lock_guard lock(mu_);
   auto it = nodes_.find(node);
   if (it == nodes_.end() || it->second.generation != generation) return false;

@@ -143,16 +143,19 @@ class CudaIpcEndpoint : public Endpoint, public std::enable_shared_from_this<Cud
   // is enqueued from the submitting thread, with the others of its batch on
   // that device (Copier::CopyManyAsync); any other goes to a copy thread.
   void Post(std::vector<Task> tasks) override {
-    std::map<std::pair<int, gpu::ReadyEvent*>, std::vector<gpu::Copier::Copy>> direct;
-    std::map<std::pair<int, gpu::ReadyEvent*>, std::shared_ptr<gpu::ReadyEvent>> readiness;
+    // By device and readiness: (the event, its copies).
+    std::map<std::pair<int, gpu::ReadyEvent*>,
+             std::pair<std::shared_ptr<gpu::ReadyEvent>, std::vector<gpu::Copier::Copy>>>
+        direct;
     const bool alive = PeerAlive();  // once for the batch's direct copies
     for (auto& t : tasks) {
       auto m = t.gpu_local ? Lookup(t.remote, t.length) : nullptr;
       if (m && m->direct) {
         if (auto c = Prepare(t, std::move(m), alive)) {
           const int device = t.gpu_device >= 0 ? t.gpu_device : c->second;
-          direct[{device, t.ready.get()}].push_back(std::move(c->first));
-          readiness[{device, t.ready.get()}] = t.ready;
+          auto& group = direct[{device, t.ready.get()}];
+          group.first = t.ready;
+          group.second.push_back(std::move(c->first));
         }
       } else {
         pool_.Post([self = shared_from_this(), t = std::move(t)] {
@@ -160,8 +163,8 @@ class CudaIpcEndpoint : public Endpoint, public std::enable_shared_from_this<Cud
         });
       }
     }
-    for (auto& [at, copies] : direct) {
-      copier_.CopyManyAsync(std::move(copies), at.first, std::move(readiness[at]));
+    for (auto& [at, group] : direct) {
+      copier_.CopyManyAsync(std::move(group.second), at.first, std::move(group.first));
     }
   }
 
