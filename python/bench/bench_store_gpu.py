@@ -9,6 +9,10 @@
 - bandwidth: put_tensor and get_tensor_into of 64 MiB attached, against pinned
   device-to-host and host-to-device copies of the same bytes, alternating.
 
+Each runs against a `ferry master` and a `ferry node --socket` apart; no_stall
+and bandwidth run again (keys "..._master_in_node") against one `ferry node
+--socket` that runs the master itself, whose attached calls reach it directly.
+
 Every measurement runs in 3 rounds, each in a fresh process; the file holds
 each round and the median over rounds.
 
@@ -145,26 +149,30 @@ def main() -> int:
     if args.child:
         print(json.dumps(child(args)), flush=True)
         return 0
-    result = {}
-    with master_and_node(args.ferry, "2GiB") as (master, sock):
+    rounds: dict = {}
 
-        def run(what: str, *extra: str, env=None) -> dict:
-            out = subprocess.run([sys.executable, __file__, "--child", "--what", what, "--socket",
-                                  sock, "--master", master, *extra], capture_output=True,
-                                 text=True, timeout=300, env={**os.environ, **(env or {})})
-            if out.returncode != 0:
-                return {"error": out.stderr[-2000:]}
-            return json.loads(out.stdout.strip().splitlines()[-1])
+    def measure(master_in_node: bool, whats: list) -> None:
+        suffix = "_master_in_node" if master_in_node else ""
+        with master_and_node(args.ferry, "2GiB", master_in_node) as (master, sock):
 
-        rounds: dict = {"no_stall_attached": [], "no_stall_embedded": [], "overhead": [],
-                        "bandwidth_attached": []}
-        for _ in range(3):
-            rounds["no_stall_attached"].append(run("no_stall"))
-            rounds["no_stall_embedded"].append(run("no_stall", "--embedded"))
-            rounds["overhead"].append(run("overhead"))
-            rounds["bandwidth_attached"].append(run("bandwidth"))
-        result["rounds"] = rounds
-        result["median"] = median_of(rounds)
+            def run(what: str, *extra: str) -> dict:
+                out = subprocess.run([sys.executable, __file__, "--child", "--what", what,
+                                      "--socket", sock, "--master", master, *extra],
+                                     capture_output=True, text=True, timeout=300)
+                if out.returncode != 0:
+                    return {"error": out.stderr[-2000:]}
+                return json.loads(out.stdout.strip().splitlines()[-1])
+
+            for _ in range(3):
+                for name, what, extra in whats:
+                    rounds.setdefault(name + suffix, []).append(run(what, *extra))
+
+    measure(False, [("no_stall_attached", "no_stall", []),
+                    ("no_stall_embedded", "no_stall", ["--embedded"]),
+                    ("overhead", "overhead", []), ("bandwidth_attached", "bandwidth", [])])
+    measure(True, [("no_stall_attached", "no_stall", []),
+                   ("bandwidth_attached", "bandwidth", [])])
+    result = {"rounds": rounds, "median": median_of(rounds)}
     line = json.dumps(result)
     print(line)
     if args.out:

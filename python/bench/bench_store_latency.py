@@ -2,11 +2,12 @@
 """Overhead of the Python store API: p50 of one 4 KiB get_into through
 ferry.Store, against the same Store::GetInto loop in C++ (`ferry bench
 store-latency`), both attached to one `ferry node --socket` (or, with
---embedded, pure clients of its master), in alternating rounds.
+--embedded, pure clients of its master; with --master-in-node, the node runs
+the master), in alternating rounds.
 
     PYTHONPATH=build/python python3 python/bench/bench_store_latency.py
         [--ferry build/ferry] [--size 4096] [--iterations 2000] [--rounds 3]
-        [--embedded] [--out FILE]
+        [--embedded] [--master-in-node] [--out FILE]
 
 Prints a table; the last line is one JSON object.
 """
@@ -50,10 +51,12 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--embedded", action="store_true",
                    help="pure clients of the master, not attached to the node")
+    p.add_argument("--master-in-node", action="store_true",
+                   help="no master process: the node runs it")
     p.add_argument("--out", help="also write the JSON here")
     args = p.parse_args()
 
-    with master_and_node(args.ferry, "64MiB") as (address, sock):
+    with master_and_node(args.ferry, "64MiB", args.master_in_node) as (address, sock):
         where = ["--master", address] if args.embedded else ["--socket", sock]
         store = (ferry.Store(master=address, local_memory=0) if args.embedded
                  else ferry.Store.attach(sock))
@@ -68,6 +71,7 @@ def main() -> int:
     result = {
         "size": args.size, "iterations": args.iterations, "rounds": args.rounds,
         "mode": "embedded" if args.embedded else "attached",
+        "master_in_node": args.master_in_node,
         "python_p50_us": statistics.median(py), "cpp_p50_us": statistics.median(cpp),
         "python_rounds_us": py, "cpp_rounds_us": cpp,
     }

@@ -1,4 +1,5 @@
-"""A `ferry master` and a `ferry node --socket` for the store benchmarks."""
+"""A `ferry master` and a `ferry node --socket` for the store benchmarks, or one
+`ferry node --socket` that runs the master itself."""
 
 from __future__ import annotations
 
@@ -30,18 +31,21 @@ def ready(proc: subprocess.Popen, timeout: float = 30.0) -> dict:
 
 
 @contextlib.contextmanager
-def master_and_node(ferry_bin: str, segment_size: str) -> Iterator[tuple[str, str]]:
+def master_and_node(ferry_bin: str, segment_size: str,
+                    master_in_node: bool = False) -> Iterator[tuple[str, str]]:
     """(master address, node socket path), stopped on exit."""
     sock = os.path.join(tempfile.gettempdir(), f"ferry-bench-{os.getpid()}.sock")
     procs: list[subprocess.Popen] = []
     try:
-        procs.append(subprocess.Popen([ferry_bin, "master", "--http-port", "-1"],
-                                      stdout=subprocess.PIPE, text=True))
-        master = ready(procs[-1])["address"]
-        procs.append(subprocess.Popen([ferry_bin, "node", "--master", master, "--segment-size",
+        where: list[str] = []
+        if not master_in_node:
+            procs.append(subprocess.Popen([ferry_bin, "master", "--http-port", "-1"],
+                                          stdout=subprocess.PIPE, text=True))
+            where = ["--master", ready(procs[-1])["address"]]
+        procs.append(subprocess.Popen([ferry_bin, "node", *where, "--segment-size",
                                        segment_size, "--socket", sock],
                                       stdout=subprocess.PIPE, text=True))
-        ready(procs[-1])
+        master = ready(procs[-1])["master"]
         yield master, sock
     finally:
         for proc in reversed(procs):

@@ -129,7 +129,7 @@ def _try(fn) -> bool:
     (["master", "--etcd", "127.0.0.1:2379", "--cluster", "a/b"], 2, "cluster"),
     (["master", "--etcd", "127.0.0.1:2379", "--cluster", "c", "--term", "3"], 2, "not both"),
     (["node", "--etcd", "127.0.0.1:1", "--cluster", "c"], 1, "etcd"),
-    (["node"], 2, "required"),
+    (["node", "--master", "127.0.0.1:1", "--master-port", "5000"], 2, "--master-port"),
     (["master", "--enable_ha=true"], 2, "needs --etcd_endpoints"),
 ])
 def test_bad_cluster_input_is_refused_at_start(args, code, message):

@@ -19,7 +19,7 @@ import pytest
 import ferry
 from conftest import pattern
 from store_client import value_bytes, writer_value
-from store_cluster import MiB, Proc, needs_attach, needs_cluster, wait_for_nodes, wait_until
+from store_cluster import FERRY_BIN, MiB, Proc, needs_attach, needs_cluster, wait_for_nodes, wait_until
 
 pytestmark = pytest.mark.skipif(
     not hasattr(ferry._ferry, "Store"),
@@ -90,6 +90,36 @@ def vm_rss(pid: int) -> int:
 
 def fd_count(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+@needs_attach
+def test_a_node_without_a_master_runs_one(cluster):
+    # One command serves a host: the node runs the master, attached clients
+    # share values, and the master it prints serves other nodes and clients.
+    path = cluster.socket_path()
+    node = cluster.spawn(FERRY_BIN, "node", "--segment-size", "16MiB", "--socket", path)
+    hello = node.json()
+    cluster.master = hello["master"]
+    assert hello["mounted"] is True, hello
+    a, b = ferry.Store.attach(path), ferry.Store.attach(path)
+    try:
+        value = pattern(7, MiB).tobytes()
+        a.put("one-command", value)
+        assert b.get("one-command") == value
+        with pytest.raises(ferry.errors.AlreadyExists):
+            b.put("one-command", b"again")
+        with pytest.raises(ferry.errors.InvalidArgument):
+            a.put("", b"no key")
+        other, _ = cluster.start_node(size="16MiB")
+        cluster.wait_nodes(2)
+        with ferry.Store(master=hello["master"], local_memory=0, replicas=2) as remote:
+            assert remote.get("one-command") == value
+            remote.put("two-copies", b"v" * 4096)
+        other.stop(signal.SIGKILL)
+        assert a.get("two-copies") == b"v" * 4096
+    finally:
+        a.close()
+        b.close()
 
 
 @needs_attach

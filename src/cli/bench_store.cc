@@ -99,6 +99,9 @@ int Fail(const Status& st) {
 }  // namespace
 
 int BenchStore(const BenchStoreArgs& a) {
+  if (a.master_in_node && a.catalog_sync_ms != 0) {
+    return Fail(Status::InvalidArgument("--catalog-sync-ms needs a master process"));
+  }
   const int batches = (a.values + a.batch - 1) / a.batch;
   const int values = batches * a.batch;  // whole batches
   const uint64_t span = a.value_size * static_cast<uint64_t>(a.batch);
@@ -108,9 +111,15 @@ int BenchStore(const BenchStoreArgs& a) {
   const uint64_t per_node =
       ((total + span) / static_cast<uint64_t>(a.nodes)) * 3 / 2 + (16ull << 20);
 
-  auto master = SpawnMaster(
-      SelfExe(), {"--http-port", "-1", "--catalog-sync-ms", std::to_string(a.catalog_sync_ms)});
+  // With master_in_node the first node runs the master (one `ferry node`
+  // serving the host), and its attached calls reach it directly.
+  Result<MasterProcess> master = MasterProcess{};
+  if (!a.master_in_node) {
+    master = SpawnMaster(
+        SelfExe(), {"--http-port", "-1", "--catalog-sync-ms", std::to_string(a.catalog_sync_ms)});
+  }
   if (!master.ok()) return Fail(master.status());
+  std::string master_address = master.value().address;
   // Attached, the client talks to the first node over its socket.
   const std::string sock =
       a.attach ? "/tmp/ferry-bench-store-" + std::to_string(getpid()) + ".sock" : "";
@@ -119,12 +128,13 @@ int BenchStore(const BenchStoreArgs& a) {
     std::vector<std::string> args = {"--segment-size", std::to_string(per_node), "--reserve-bytes",
                                      std::to_string(a.reserve_bytes)};
     if (i == 0 && a.attach) args.insert(args.end(), {"--socket", sock});
-    auto n = SpawnNode(SelfExe(), master.value().address, args);
+    auto n = SpawnNode(SelfExe(), master_address, args);
     if (!n.ok()) return Fail(n.status());
+    master_address = n.value().master;
     nodes.push_back(std::move(n).value());
   }
   StoreOptions so;
-  so.master = master.value().address;
+  so.master = master_address;
   so.local_memory = 0;  // every byte crosses to a node process
   so.reserve_bytes = a.reserve_bytes;
   so.engine.transport = a.transport == "tcp" ? "tcp" : "";
@@ -276,6 +286,7 @@ int BenchStore(const BenchStoreArgs& a) {
       {"nodes", a.nodes},
       {"transport", a.attach ? "attach" : a.transport},
       {"attach", a.attach},
+      {"master_in_node", a.master_in_node},
       {"put_gbps", put_gbps},
       {"get_gbps", get_gbps},
       {"put_ops", values / put.seconds},

@@ -110,7 +110,8 @@ Status ApplyMooncakeMasterFlags(const std::vector<std::pair<std::string, std::st
 Result<int64_t> ParseDurationMs(const std::string& text);
 
 struct NodeArgs {
-  std::string master;  // host:port, or etcd://ENDPOINTS/CLUSTER
+  std::string master;        // host:port, or etcd://ENDPOINTS/CLUSTER; empty: run one here
+  uint16_t master_port = 0;  // the master run here, on host; 0 picks
   // Cluster mode: the same as master etcd://<etcd>/<cluster>.
   std::string etcd, cluster;
   std::string host = "127.0.0.1";
@@ -135,6 +136,7 @@ struct BenchStoreArgs {
   int nodes = 1;
   std::string transport = "tcp";  // how the client reaches the nodes: tcp|auto
   bool attach = false;            // attached to the first node's socket instead
+  bool master_in_node = false;    // the first node runs the master
   double metadata_seconds = 1.0;  // per metadata measurement
   int64_t catalog_sync_ms = 0;    // the master's --catalog-sync-ms: what a cluster's puts pay
   uint64_t reserve_bytes = 256ull << 20;  // StoreOptions::reserve_bytes, and the node's

@@ -58,12 +58,14 @@ Result<MasterProcess> SpawnMaster(const std::string& bin, const std::vector<std:
 
 Result<NodeProcess> SpawnNode(const std::string& bin, const std::string& master,
                               const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {bin, "node", "--master", master};
+  std::vector<std::string> argv = {bin, "node"};
+  if (!master.empty()) argv.insert(argv.end(), {"--master", master});
   argv.insert(argv.end(), args.begin(), args.end());
   NodeProcess n;
   FERRY_ASSIGN_OR_RETURN(auto j, SpawnReady(argv, &n.proc));
   if (!j.contains("segment")) return Status::Internal("node said: " + j.dump());
   n.segment = j["segment"];
+  n.master = j.value("master", master);
   return n;
 }
 

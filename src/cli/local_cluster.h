@@ -20,6 +20,7 @@ struct MasterProcess {
 struct NodeProcess {
   std::unique_ptr<Subprocess> proc;
   std::string segment;  // the node's engine name
+  std::string master;   // the master it mounted on
 };
 
 // Spawns `argv` into *proc and waits up to 20 s for its JSON line on stdout.
@@ -31,7 +32,8 @@ Result<nlohmann::json> SpawnReady(const std::vector<std::string>& argv,
 Result<uint16_t> FreePort(const std::string& host = "127.0.0.1");
 // Starts `bin master` with `args`; waits up to 20 s for its JSON line.
 Result<MasterProcess> SpawnMaster(const std::string& bin, const std::vector<std::string>& args);
-// Starts `bin node --master <master>` with `args`; waits up to 20 s.
+// Starts `bin node --master <master>` with `args` (empty `master`: the node
+// runs its own); waits up to 20 s.
 Result<NodeProcess> SpawnNode(const std::string& bin, const std::string& master,
                               const std::vector<std::string>& args);
 

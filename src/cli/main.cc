@@ -192,7 +192,10 @@ int main(int argc, char** argv) {
   NodeArgs na;
   std::string na_size = "256MiB";
   auto* n = app.add_subcommand("node", "Contribute memory to the store until SIGTERM");
-  n->add_option("--master", na.master, "The master, host:port or etcd://ENDPOINTS/CLUSTER");
+  n->add_option("--master", na.master,
+                "The master, host:port or etcd://ENDPOINTS/CLUSTER; none: this node runs one");
+  n->add_option("--master-port", na.master_port,
+                "Without --master: the gRPC port of the master it runs (0 picks one)");
   n->add_option("--etcd", na.etcd, "Cluster mode: etcd endpoints; follow the elected master");
   n->add_option("--cluster", na.cluster, "Cluster mode: the cluster's name in etcd");
   n->add_option("--host", na.host, "Engine address to listen on");
@@ -232,6 +235,8 @@ int main(int argc, char** argv) {
                   "The client's (or, attached, the node's) space reserved ahead of puts; 0: none");
   bsc->add_flag("--attach", bs.attach,
                 "Attach to the first node's --socket instead of running an engine");
+  bsc->add_flag("--master-in-node", bs.master_in_node,
+                "Run no master process: the first node runs it (ferry node without --master)");
   bsc->add_flag("--json", bs.json, "End with one JSON line");
 
   StoreArgs sa;

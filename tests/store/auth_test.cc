@@ -3,6 +3,8 @@
 // and nodes prove it, and a key file that will not do fails at start.
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
+
 #include "integration/key_file.h"
 #include "proto/store.grpc.pb.h"
 #include "store/master/service.h"
@@ -167,6 +169,45 @@ TEST(StoreAuth, ReplayedStaleAndMisdirectedTokensAreRefused) {
     EXPECT_EQ(check(bad, now).code(), StatusCode::kUnauthenticated) << bad;
   }
   EXPECT_EQ(checker.Check("Remove", nullptr, now).code(), StatusCode::kUnauthenticated);
+}
+
+// A client in the master's own process calls its service directly: no token
+// to prove, but the gate and the master's checks of every item still apply,
+// and over the network the same master still wants the secret.
+TEST(StoreAuth, InProcessCallersNeedNoTokenButPassTheGateAndChecks) {
+  KeyFile key("in-process", kSecret);
+  ASSERT_TRUE(key.ok());
+  std::atomic<bool> open{true};
+  store::MasterServerOptions mo;
+  mo.http_port = -1;
+  mo.auth_key_file = key.path();
+  mo.gate = [&] { return open ? Status::Ok() : Status::Unavailable("not the leader"); };
+  auto server = store::MasterServer::Start(mo);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  auto local = store::MasterClient::Connect(server.value()->address(),
+                                            server.value()->InProcessService(), Millis(5000));
+  ASSERT_TRUE(local.ok()) << local.status().ToString();
+  auto stats = local.value()->Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  EXPECT_EQ(stats.value().leader, server.value()->address());
+  store::PutSpec empty, long_key;
+  empty.key = "k";  // of size 0
+  long_key.key = std::string(Store::kMaxKeyBytes + 1, 'k');
+  long_key.size = 10;
+  auto begun = local.value()->PutBegin({empty, long_key}, "", false);
+  ASSERT_TRUE(begun.ok()) << begun.status().ToString();
+  ASSERT_EQ(begun.value().size(), 2u);
+  for (const auto& item : begun.value()) {
+    EXPECT_EQ(item.status().code(), StatusCode::kInvalidArgument) << item.status().ToString();
+  }
+  open = false;
+  auto refused = local.value()->Exists({"k"});
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnavailable) << refused.status().ToString();
+  open = true;
+  auto remote = store::MasterClient::Connect(server.value()->address(), Millis(5000));
+  ASSERT_TRUE(remote.ok());
+  EXPECT_EQ(remote.value()->Stats().status().code(), StatusCode::kUnauthenticated);
+  EXPECT_EQ(server.value()->auth_failures(), 1u);
 }
 
 TEST(StoreAuth, AMasterWithABadKeyFileDoesNotStart) {

@@ -48,8 +48,15 @@ class EmbeddedStore final : public Store::Impl {
     EngineOptions eo = options.engine;
     if (eo.auth_key_file.empty()) eo.auth_key_file = options.auth_key_file;
     FERRY_ASSIGN_OR_RETURN(s->engine_, Engine::Create(std::move(eo)));
-    FERRY_ASSIGN_OR_RETURN(
-        s->client_, store::MasterClient::Connect(s->master_address_, options.rpc_timeout, key));
+    if (s->master_server_ != nullptr) {
+      FERRY_ASSIGN_OR_RETURN(
+          s->client_,
+          store::MasterClient::Connect(s->master_address_, s->master_server_->InProcessService(),
+                                       options.rpc_timeout, key));
+    } else {
+      FERRY_ASSIGN_OR_RETURN(
+          s->client_, store::MasterClient::Connect(s->master_address_, options.rpc_timeout, key));
+    }
     if (options.local_memory > 0) {
       store::NodeOptions no;
       no.master = s->master_address_;
@@ -186,8 +193,7 @@ Result<std::unique_ptr<Store>> CreateWithReadDelay(StoreOptions options, Millis 
 
 }  // namespace store::testing
 
-Result<std::unique_ptr<Store>> Store::Attach(const std::string& socket_path,
-                                             StoreOptions options) {
+Result<std::unique_ptr<Store>> Store::Attach(const std::string& socket_path, StoreOptions options) {
   FERRY_ASSIGN_OR_RETURN(auto impl, Impl::Attach(socket_path, options));
   return std::unique_ptr<Store>(new Store(std::move(impl)));
 }

@@ -345,7 +345,8 @@ class MasterServer::Impl {
   Impl(const MasterOptions& o, std::shared_ptr<const auth::Key> key, std::function<Status()> gate)
       : master(o),
         checker(key ? std::make_unique<CallTokenChecker>(std::move(key)) : nullptr),
-        service(master, checker.get(), std::move(gate)) {}
+        service(master, checker.get(), gate),
+        local_service(master, nullptr, std::move(gate)) {}
   MasterStats Stats() {
     MasterStats s = master.Stats();
     s.auth_failures = service.auth_failures();
@@ -354,6 +355,7 @@ class MasterServer::Impl {
   Master master;
   std::unique_ptr<CallTokenChecker> checker;  // null without a secret
   Service service;
+  Service local_service;  // this process's calls: no token to check
   std::unique_ptr<grpc::Server> server;
   std::string address;
   httplib::Server http;
@@ -375,6 +377,8 @@ MasterServer::~MasterServer() {
 const std::string& MasterServer::address() const { return impl_->address; }
 int MasterServer::http_port() const { return impl_->http_port; }
 uint64_t MasterServer::auth_failures() const { return impl_->service.auth_failures(); }
+
+grpc::Service* MasterServer::InProcessService() const { return &impl_->local_service; }
 
 Result<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterServerOptions& o) {
   if (o.master.low_watermark > o.master.high_watermark || o.master.high_watermark > 1.0 ||

@@ -12,6 +12,10 @@
 #include "store/master/master.h"
 #include "store/rpc/limits.h"
 
+namespace grpc {
+class Service;
+}
+
 namespace ferry::store {
 
 struct MasterServerOptions {
@@ -49,6 +53,10 @@ class MasterServer {
   int http_port() const;               // -1 when not serving HTTP
   // Calls refused for the cluster secret since Start. Never blocks.
   uint64_t auth_failures() const;
+  // The service for callers in this process (MasterClient::Connect with a
+  // service): the same validation and gate, without the cluster-secret check,
+  // since such a caller could reach the Master itself.
+  grpc::Service* InProcessService() const;
 
   class Impl;
 

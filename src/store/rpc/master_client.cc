@@ -4,6 +4,7 @@
 
 #include <mutex>
 
+#include "common/env.h"
 #include "coord/etcd_client.h"
 #include "coord/etcd_url.h"
 #include "proto/store.grpc.pb.h"
@@ -103,6 +104,16 @@ Result<std::unique_ptr<grpc::ClientContext>> Context(const auth::Key* key, Milli
   return ctx;
 }
 
+// A call by both of its names: the stub's method, and the service's.
+template <typename Req, typename Resp>
+struct Rpc {
+  grpc::Status (pb::Master::Stub::*remote)(grpc::ClientContext*, const Req&, Resp*);
+  grpc::Status (pb::Master::Service::*local)(grpc::ServerContext*, const Req*, Resp*);
+  const char* name;
+};
+#define FERRY_RPC(method) \
+  Rpc { &pb::Master::Stub::method, &pb::Master::Service::method, #method }
+
 template <typename Resp>
 Result<std::vector<Status>> Statuses(const Resp& resp, size_t n) {
   FERRY_RETURN_IF_ERROR(CheckCount(resp.results_size(), n));
@@ -125,9 +136,6 @@ std::unique_ptr<pb::Master::Stub> NewStub(const std::string& address) {
 
 class MasterClient::Impl {
  public:
-  Result<std::unique_ptr<grpc::ClientContext>> Context(const char* method) const {
-    return store::Context(key.get(), timeout, method);
-  }
   // The stub of the master to call: the fixed one, or the cluster's leader
   // as etcd says now (a new channel when it changed). Unavailable while no
   // master leads, after waiting up to the call's timeout for one.
@@ -147,6 +155,20 @@ class MasterClient::Impl {
     if (out.code() == StatusCode::kUnavailable && resolver != nullptr) resolver->Refresh();
     return out;
   }
+  // Runs `rpc`: straight into the in-process service when there is one (on
+  // this thread, with no token: the caller shares its address space), else
+  // over gRPC with a deadline of the timeout plus `extra`.
+  template <typename Req, typename Resp>
+  Status Call(const Rpc<Req, Resp>& rpc, const Req& req, Resp* resp,
+              Millis extra = Millis(0)) const {
+    if (local != nullptr) {
+      grpc::ServerContext server_ctx;
+      return FromGrpc((local->*rpc.local)(&server_ctx, &req, resp), rpc.name);
+    }
+    FERRY_ASSIGN_OR_RETURN(auto ctx, store::Context(key.get(), timeout + extra, rpc.name));
+    FERRY_ASSIGN_OR_RETURN(auto s, Stub());
+    return Done(((*s).*rpc.remote)(ctx.get(), req, resp), rpc.name);
+  }
   Millis timeout;
   std::shared_ptr<const auth::Key> key;      // null: no secret
   std::shared_ptr<TermFence> fence;          // never null
@@ -154,7 +176,8 @@ class MasterClient::Impl {
   mutable std::mutex mu;
   // Guarded by mu when following a leader; else set once at Connect.
   mutable std::shared_ptr<pb::Master::Stub> stub;
-  mutable std::string current;  // the stub's address; guarded by mu
+  mutable std::string current;           // the stub's address; guarded by mu
+  pb::Master::Service* local = nullptr;  // in-process: called directly, not through stub
 };
 
 const TermFence& MasterClient::fence() const { return *impl_->fence; }
@@ -190,6 +213,23 @@ Result<std::unique_ptr<MasterClient>> MasterClient::Connect(const std::string& a
   return std::unique_ptr<MasterClient>(new MasterClient(address, std::move(impl)));
 }
 
+Result<std::unique_ptr<MasterClient>> MasterClient::Connect(const std::string& address,
+                                                            grpc::Service* local,
+                                                            Millis rpc_timeout,
+                                                            std::shared_ptr<const auth::Key> key,
+                                                            std::shared_ptr<TermFence> fence) {
+  if (env::Get("FERRY_IN_PROCESS_MASTER").value_or("") == "0") {
+    return Connect(address, rpc_timeout, std::move(key), std::move(fence));
+  }
+  auto* service = dynamic_cast<pb::Master::Service*>(local);
+  if (service == nullptr) return Status::InvalidArgument("not a master service");
+  auto impl = std::make_unique<Impl>();
+  impl->local = service;
+  impl->current = address;
+  impl->fence = fence ? std::move(fence) : std::make_shared<TermFence>();
+  return std::unique_ptr<MasterClient>(new MasterClient(address, std::move(impl)));
+}
+
 Result<MountReply> MasterClient::Mount(const NodeMount& m) {
   pb::MountRequest req;
   req.set_node(m.node);
@@ -202,9 +242,7 @@ Result<MountReply> MasterClient::Mount(const NodeMount& m) {
   }
   for (const CatalogEntry& e : m.catalog) ToProto(e, req.add_catalog());
   pb::MountResponse resp;
-  FERRY_ASSIGN_OR_RETURN(auto ctx, impl_->Context("Mount"));
-  FERRY_ASSIGN_OR_RETURN(auto stub, impl_->Stub());
-  FERRY_RETURN_IF_ERROR(impl_->Done(stub->Mount(ctx.get(), req, &resp), "Mount"));
+  FERRY_RETURN_IF_ERROR(impl_->Call(FERRY_RPC(Mount), req, &resp));
   FERRY_RETURN_IF_ERROR(impl_->fence->Observe(resp.term()));
   FERRY_RETURN_IF_ERROR(FromProto(resp.status()));
   return MountReply{Millis(std::max<uint64_t>(resp.node_ttl_ms(), 10)), resp.term(),
@@ -220,10 +258,7 @@ Result<std::vector<CatalogChange>> MasterClient::Heartbeat(const std::string& no
   req.set_hold_ms(static_cast<uint64_t>(std::max<int64_t>(hold.count(), 0)));
   pb::NodeResponse resp;
   // A held call may take its hold on top of the usual time.
-  FERRY_ASSIGN_OR_RETURN(auto ctx,
-                         store::Context(impl_->key.get(), impl_->timeout + hold, "Heartbeat"));
-  FERRY_ASSIGN_OR_RETURN(auto stub, impl_->Stub());
-  FERRY_RETURN_IF_ERROR(impl_->Done(stub->Heartbeat(ctx.get(), req, &resp), "Heartbeat"));
+  FERRY_RETURN_IF_ERROR(impl_->Call(FERRY_RPC(Heartbeat), req, &resp, hold));
   FERRY_RETURN_IF_ERROR(impl_->fence->Observe(resp.term()));
   FERRY_RETURN_IF_ERROR(FromProto(resp.status()));
   std::vector<CatalogChange> out;
@@ -240,24 +275,19 @@ Result<std::vector<CatalogChange>> MasterClient::Heartbeat(const std::string& no
 
 namespace {
 // A call that names a node and is answered with a status.
-using NodeRpc = grpc::Status (pb::Master::Stub::*)(grpc::ClientContext*, const pb::NodeRequest&,
-                                                   pb::NodeResponse*);
-
-Status CallForNode(const MasterClient::Impl& impl, NodeRpc rpc, const char* what,
-                   const std::string& node) {
+Status CallForNode(const MasterClient::Impl& impl,
+                   const Rpc<pb::NodeRequest, pb::NodeResponse>& rpc, const std::string& node) {
   pb::NodeRequest req;
   req.set_node(node);
   pb::NodeResponse resp;
-  FERRY_ASSIGN_OR_RETURN(auto ctx, impl.Context(what));
-  FERRY_ASSIGN_OR_RETURN(auto stub, impl.Stub());
-  FERRY_RETURN_IF_ERROR(impl.Done((stub.get()->*rpc)(ctx.get(), req, &resp), what));
+  FERRY_RETURN_IF_ERROR(impl.Call(rpc, req, &resp));
   FERRY_RETURN_IF_ERROR(impl.fence->Observe(resp.term()));
   return FromProto(resp.status());
 }
 }  // namespace
 
 Status MasterClient::Unmount(const std::string& node) {
-  return CallForNode(*impl_, &pb::Master::Stub::Unmount, "Unmount", node);
+  return CallForNode(*impl_, FERRY_RPC(Unmount), node);
 }
 
 // Runs `call(first, count)` over chunks of at most the master's batch limit.
@@ -292,9 +322,7 @@ Result<std::vector<Result<PutGrant>>> MasterClient::PutBegin(const std::vector<P
           it->set_reserve(items[i].reserve);
         }
         pb::PutBeginResponse resp;
-        FERRY_ASSIGN_OR_RETURN(auto ctx, impl_->Context("PutBegin"));
-        FERRY_ASSIGN_OR_RETURN(auto stub, impl_->Stub());
-        FERRY_RETURN_IF_ERROR(impl_->Done(stub->PutBegin(ctx.get(), req, &resp), "PutBegin"));
+        FERRY_RETURN_IF_ERROR(impl_->Call(FERRY_RPC(PutBegin), req, &resp));
         FERRY_RETURN_IF_ERROR(impl_->fence->Observe(resp.term()));
         FERRY_RETURN_IF_ERROR(CheckCount(resp.results_size(), count));
         std::vector<Result<PutGrant>> out;
@@ -310,18 +338,15 @@ Result<std::vector<Result<PutGrant>>> MasterClient::PutBegin(const std::vector<P
 }
 
 // A chunked call answered with one status per item: `fill(req, i)` adds item
-// i to a request, `rpc` is the stub method.
+// i to a request.
 template <typename Req, typename Resp, typename Fill>
-static Result<std::vector<Status>> StatusCall(
-    const MasterClient::Impl& impl, size_t n, const char* name, Fill&& fill,
-    grpc::Status (pb::Master::Stub::*rpc)(grpc::ClientContext*, const Req&, Resp*)) {
+static Result<std::vector<Status>> StatusCall(const MasterClient::Impl& impl, size_t n,
+                                              const Rpc<Req, Resp>& rpc, Fill&& fill) {
   return Chunked<Status>(n, [&](size_t first, size_t count) -> Result<std::vector<Status>> {
     Req req;
     for (size_t i = first; i < first + count; ++i) fill(req, i);
     Resp resp;
-    FERRY_ASSIGN_OR_RETURN(auto ctx, impl.Context(name));
-    FERRY_ASSIGN_OR_RETURN(auto stub, impl.Stub());
-    FERRY_RETURN_IF_ERROR(impl.Done((stub.get()->*rpc)(ctx.get(), req, &resp), name));
+    FERRY_RETURN_IF_ERROR(impl.Call(rpc, req, &resp));
     if constexpr (requires { resp.term(); }) {
       FERRY_RETURN_IF_ERROR(impl.fence->Observe(resp.term()));
     }
@@ -330,16 +355,13 @@ static Result<std::vector<Status>> StatusCall(
 }
 
 Result<std::vector<Status>> MasterClient::PutEnd(const std::vector<store::PutEnd>& items) {
-  return StatusCall(
-      *impl_, items.size(), "PutEnd",
-      [&](pb::PutEndRequest& req, size_t i) {
-        auto* it = req.add_items();
-        it->set_key(items[i].key);
-        it->set_put_id(items[i].put_id);
-        it->set_commit(items[i].commit);
-        it->set_reserved(items[i].reserved);
-      },
-      &pb::Master::Stub::PutEnd);
+  return StatusCall(*impl_, items.size(), FERRY_RPC(PutEnd), [&](pb::PutEndRequest& req, size_t i) {
+    auto* it = req.add_items();
+    it->set_key(items[i].key);
+    it->set_put_id(items[i].put_id);
+    it->set_commit(items[i].commit);
+    it->set_reserved(items[i].reserved);
+  });
 }
 
 Result<std::vector<Result<GetGrant>>> MasterClient::Get(const std::vector<std::string>& keys) {
@@ -348,9 +370,7 @@ Result<std::vector<Result<GetGrant>>> MasterClient::Get(const std::vector<std::s
         pb::KeysRequest req;
         for (size_t i = first; i < first + count; ++i) req.add_keys(keys[i]);
         pb::GetResponse resp;
-        FERRY_ASSIGN_OR_RETURN(auto ctx, impl_->Context("Get"));
-        FERRY_ASSIGN_OR_RETURN(auto stub, impl_->Stub());
-        FERRY_RETURN_IF_ERROR(impl_->Done(stub->Get(ctx.get(), req, &resp), "Get"));
+        FERRY_RETURN_IF_ERROR(impl_->Call(FERRY_RPC(Get), req, &resp));
         FERRY_RETURN_IF_ERROR(impl_->fence->Observe(resp.term()));
         FERRY_RETURN_IF_ERROR(CheckCount(resp.results_size(), count));
         std::vector<Result<GetGrant>> out;
@@ -367,51 +387,40 @@ Result<std::vector<Result<GetGrant>>> MasterClient::Get(const std::vector<std::s
 
 Result<std::vector<Status>> MasterClient::ReleaseLeases(
     const std::vector<std::pair<std::string, uint64_t>>& leases) {
-  return StatusCall(
-      *impl_, leases.size(), "ReleaseLeases",
-      [&](pb::ReleaseRequest& req, size_t i) {
-        auto* it = req.add_items();
-        it->set_key(leases[i].first);
-        it->set_lease_id(leases[i].second);
-      },
-      &pb::Master::Stub::ReleaseLeases);
+  return StatusCall(*impl_, leases.size(), FERRY_RPC(ReleaseLeases),
+                    [&](pb::ReleaseRequest& req, size_t i) {
+                      auto* it = req.add_items();
+                      it->set_key(leases[i].first);
+                      it->set_lease_id(leases[i].second);
+                    });
 }
 
 Result<std::vector<Status>> MasterClient::Exists(const std::vector<std::string>& keys) {
-  return StatusCall(
-      *impl_, keys.size(), "Exists", [&](pb::KeysRequest& req, size_t i) { req.add_keys(keys[i]); },
-      &pb::Master::Stub::Exists);
+  return StatusCall(*impl_, keys.size(), FERRY_RPC(Exists),
+                    [&](pb::KeysRequest& req, size_t i) { req.add_keys(keys[i]); });
 }
 
 Result<std::vector<Status>> MasterClient::Remove(const std::vector<std::string>& keys, bool force) {
-  return StatusCall(
-      *impl_, keys.size(), "Remove",
-      [&](pb::RemoveRequest& req, size_t i) {
-        req.set_force(force);
-        req.add_keys(keys[i]);
-      },
-      &pb::Master::Stub::Remove);
+  return StatusCall(*impl_, keys.size(), FERRY_RPC(Remove), [&](pb::RemoveRequest& req, size_t i) {
+    req.set_force(force);
+    req.add_keys(keys[i]);
+  });
 }
 
 Result<std::vector<Status>> MasterClient::Pin(const std::vector<std::string>& keys, StorePin pin,
                                               Millis ttl) {
-  return StatusCall(
-      *impl_, keys.size(), "Pin",
-      [&](pb::PinRequest& req, size_t i) {
-        auto* it = req.add_items();
-        it->set_key(keys[i]);
-        it->set_kind(static_cast<pb::PinKind>(pin));
-        it->set_ttl_ms(static_cast<uint64_t>(ttl.count()));
-      },
-      &pb::Master::Stub::Pin);
+  return StatusCall(*impl_, keys.size(), FERRY_RPC(Pin), [&](pb::PinRequest& req, size_t i) {
+    auto* it = req.add_items();
+    it->set_key(keys[i]);
+    it->set_kind(static_cast<pb::PinKind>(pin));
+    it->set_ttl_ms(static_cast<uint64_t>(ttl.count()));
+  });
 }
 
 Result<StoreStats> MasterClient::Stats() {
   pb::StatsRequest req;
   pb::StatsResponse resp;
-  FERRY_ASSIGN_OR_RETURN(auto ctx, impl_->Context("Stats"));
-  FERRY_ASSIGN_OR_RETURN(auto stub, impl_->Stub());
-  FERRY_RETURN_IF_ERROR(impl_->Done(stub->Stats(ctx.get(), req, &resp), "Stats"));
+  FERRY_RETURN_IF_ERROR(impl_->Call(FERRY_RPC(Stats), req, &resp));
   FERRY_RETURN_IF_ERROR(impl_->fence->Observe(resp.term()));
   StoreStats out;
   out.capacity = resp.capacity();
@@ -430,9 +439,7 @@ Result<uint64_t> MasterClient::RemoveAll(bool force) {
   pb::RemoveAllRequest req;
   req.set_force(force);
   pb::RemoveAllResponse resp;
-  FERRY_ASSIGN_OR_RETURN(auto ctx, impl_->Context("RemoveAll"));
-  FERRY_ASSIGN_OR_RETURN(auto stub, impl_->Stub());
-  FERRY_RETURN_IF_ERROR(impl_->Done(stub->RemoveAll(ctx.get(), req, &resp), "RemoveAll"));
+  FERRY_RETURN_IF_ERROR(impl_->Call(FERRY_RPC(RemoveAll), req, &resp));
   return static_cast<uint64_t>(resp.removed());
 }
 

@@ -15,6 +15,10 @@
 #include "store/rpc/requests.h"
 #include "store/rpc/term_fence.h"
 
+namespace grpc {
+class Service;
+}
+
 namespace ferry::store {
 
 class MasterClient {
@@ -33,6 +37,14 @@ class MasterClient {
   // older than one seen fails the call with Unavailable, unused.
   static Result<std::unique_ptr<MasterClient>> Connect(
       const std::string& address, Millis rpc_timeout,
+      std::shared_ptr<const auth::Key> key = nullptr, std::shared_ptr<TermFence> fence = nullptr);
+  // Calls straight into `local`, a master in this process
+  // (MasterServer::InProcessService) at `address`, on the calling thread: no
+  // socket, no token, no deadline beyond the master's own bounded waits.
+  // `local` must outlive the client. FERRY_IN_PROCESS_MASTER=0 calls it over
+  // gRPC at `address` instead, as Connect above, for comparisons.
+  static Result<std::unique_ptr<MasterClient>> Connect(
+      const std::string& address, grpc::Service* local, Millis rpc_timeout,
       std::shared_ptr<const auth::Key> key = nullptr, std::shared_ptr<TermFence> fence = nullptr);
   ~MasterClient();
 
