@@ -111,6 +111,10 @@ struct Rpc {
   grpc::Status (pb::Master::Service::*local)(grpc::ServerContext*, const Req*, Resp*);
   const char* name;
 };
+template <typename Req, typename Resp>
+Rpc(grpc::Status (pb::Master::Stub::*)(grpc::ClientContext*, const Req&, Resp*),
+    grpc::Status (pb::Master::Service::*)(grpc::ServerContext*, const Req*, Resp*), const char*)
+    -> Rpc<Req, Resp>;
 #define FERRY_RPC(method) \
   Rpc { &pb::Master::Stub::method, &pb::Master::Service::method, #method }
 
