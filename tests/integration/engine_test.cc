@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <asio.hpp>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -18,17 +19,15 @@
 #include <random>
 #include <thread>
 
-#include <asio.hpp>
-
 #include "common/subprocess.h"
 #include "common/thread_pool.h"
 #include "gpu/copier.h"
 #include "integration/peer.h"
+#include "integration/silent_target.h"
 #include "transfer/io_pool.h"
 #include "transfer/memory_registry.h"
 #include "transfer/metadata.h"
 #include "transfer/transport.h"
-#include "integration/silent_target.h"
 
 namespace ferry {
 namespace {
@@ -430,10 +429,16 @@ TEST(TransportSelection, OwnSegmentCopiesLocally) {
 }
 
 // A request to the target's GPU memory waits there for a copy to staging, so
-// a lane lets twice its window of them on the wire; host memory keeps the
-// window.
-TEST(TcpLanes, RequestsToGpuMemoryGetTwiceTheWindow) {
-  for (uint64_t remote : {test::SilentTarget::kHost, test::SilentTarget::kGpu}) {
+// a lane lets twice its window of them on the wire; small chunks of host
+// memory get up to a megabyte's worth (16 at most), large ones the window.
+TEST(TcpLanes, TheWindowDoublesForGpuMemoryAndGrowsForSmallChunks) {
+  struct Case {
+    uint64_t remote;
+    uint64_t length;
+    int want;
+  };
+  for (Case c : {Case{test::SilentTarget::kHost, 4096, 16}, Case{test::SilentTarget::kGpu, 4096, 4},
+                 Case{test::SilentTarget::kHost, 512 << 10, 2}}) {
     test::SilentTarget target;
     EngineOptions o;
     o.transport = "tcp";
@@ -443,19 +448,21 @@ TEST(TcpLanes, RequestsToGpuMemoryGetTwiceTheWindow) {
     ASSERT_TRUE(e.ok()) << e.status().ToString();
     auto s = e.value()->OpenSegment(target.name());
     ASSERT_TRUE(s.ok()) << s.status().ToString();
-    std::vector<char> buf(16 * 4096);
+    constexpr int kRequests = 24;
+    std::vector<char> buf(kRequests * c.length);
     std::vector<Request> reqs;
-    for (int i = 0; i < 16; ++i) {
-      reqs.push_back({Op::kRead, buf.data() + i * 4096, s.value(), remote + i * 4096, 4096});
+    for (int i = 0; i < kRequests; ++i) {
+      reqs.push_back(
+          {Op::kRead, buf.data() + i * c.length, s.value(), c.remote + i * c.length, c.length});
     }
     auto b = e.value()->Submit(reqs, seconds(30));
     ASSERT_TRUE(b.ok()) << b.status().ToString();
-    const int want = remote == test::SilentTarget::kGpu ? 4 : 2;
-    for (int i = 0; i < 500 && target.requests() < want; ++i) {
+    for (int i = 0; i < 500 && target.requests() < c.want; ++i) {
       std::this_thread::sleep_for(milliseconds(5));
     }
     std::this_thread::sleep_for(milliseconds(200));  // no more should follow
-    EXPECT_EQ(target.requests(), want) << "remote 0x" << std::hex << remote;
+    EXPECT_EQ(target.requests(), c.want)
+        << "remote 0x" << std::hex << c.remote << std::dec << ", chunks of " << c.length;
     e.value().reset();  // fails the unanswered requests, so the batch ends now
   }
 }

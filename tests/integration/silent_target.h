@@ -20,7 +20,7 @@ namespace ferry::test {
 
 class SilentTarget {
  public:
-  static constexpr uint64_t kHost = 0x100000, kGpu = 0x10000000, kLen = 1 << 20;
+  static constexpr uint64_t kHost = 0x100000, kGpu = 0x10000000, kLen = 16 << 20;
 
   SilentTarget() {
     lfd_ = ListenOnLoopback(&port_);

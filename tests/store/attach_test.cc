@@ -221,5 +221,46 @@ TEST(Attach, ANodeRestartFailsOneCallThenTheClientAttachesAgain) {
   EXPECT_EQ(std::memcmp(mem.value()->data(), want.data(), want.size()), 0);
 }
 
+// A receive that looks before it sleeps sees a frame that comes during the
+// look and one that comes after it, and still keeps its deadline and notices
+// a peer that leaves.
+TEST(Attach, AReceiveThatSpinsSeesFramesEarlyOrLateAndKeepsItsDeadline) {
+  using std::chrono::microseconds;
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv), 0);
+  const std::vector<uint8_t> payload = {1, 2, 3};
+  auto send_after = [&](Millis delay, uint64_t id) {
+    return std::thread([&, delay, id] {
+      std::this_thread::sleep_for(delay);
+      ASSERT_TRUE(attach::Send(sv[1], attach::Type::kExists, id, 1000, StatusCode::kOk, payload,
+                               Deadline::After(Millis(2000)))
+                      .ok());
+    });
+  };
+  for (auto [delay, spin, id] : {std::tuple{Millis(2), microseconds(50000), 1},
+                                 std::tuple{Millis(20), microseconds(1000), 2}}) {
+    std::thread t = send_after(delay, static_cast<uint64_t>(id));
+    auto f = attach::Receive(sv[0], Deadline::After(Millis(5000)), Millis(5000), spin);
+    t.join();
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    EXPECT_EQ(f.value().id, static_cast<uint64_t>(id));
+    EXPECT_EQ(f.value().payload, payload);
+  }
+  const auto t0 = Clock::now();
+  auto none =
+      attach::Receive(sv[0], Deadline::After(Millis(30)), Millis(5000), microseconds(10000));
+  EXPECT_EQ(none.status().code(), StatusCode::kTimeout) << none.status().ToString();
+  EXPECT_GE(Clock::now() - t0, Millis(30));
+  const auto t1 = Clock::now();
+  none = attach::Receive(sv[0], Deadline::After(Millis(5)), Millis(5000), microseconds(2000000));
+  EXPECT_EQ(none.status().code(), StatusCode::kTimeout) << none.status().ToString();
+  EXPECT_LT(Clock::now() - t1, Millis(1000)) << "the look outlasted the deadline";
+  close(sv[1]);
+  auto gone =
+      attach::Receive(sv[0], Deadline::After(Millis(5000)), Millis(5000), microseconds(50000));
+  EXPECT_EQ(gone.status().code(), StatusCode::kConnectionLost) << gone.status().ToString();
+  close(sv[0]);
+}
+
 }  // namespace
 }  // namespace ferry::test

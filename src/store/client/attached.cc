@@ -7,8 +7,30 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
+
+#include "common/env.h"
+#include "common/log.h"
 
 namespace ferry::store::attached {
+namespace {
+
+// How long a call looks for its reply before it sleeps: on a host with cores
+// to spare, waking a thread that slept through a long copy cost more than
+// the look (FERRY_ATTACH_SPIN_US, 0 to 10000, sets it, to compare). Two cores
+// are better left to the node.
+std::chrono::microseconds ReplySpin() {
+  static const std::chrono::microseconds spin = [] {
+    const int64_t fallback = std::thread::hardware_concurrency() >= 8 ? 2000 : 0;
+    auto v = env::GetInt("FERRY_ATTACH_SPIN_US", fallback);
+    if (v.ok() && v.value() >= 0 && v.value() <= 10000) return std::chrono::microseconds(v.value());
+    FERRY_LOG_WARN("FERRY_ATTACH_SPIN_US: want 0 to 10000; using {}", fallback);
+    return std::chrono::microseconds(fallback);
+  }();
+  return spin;
+}
+
+}  // namespace
 
 Status ReadStatus(ByteReader& r) {
   const uint8_t code = r.U8();
@@ -137,7 +159,7 @@ Result<Frame> AttachedStore::Call(Type type, std::span<const uint8_t> payload, i
       static_cast<uint32_t>(std::min<int64_t>(Timeout().count(), attach::kMaxDeadlineMs)),
       StatusCode::kOk, payload, deadline, fd);
   Result<Frame> reply = st;
-  if (st.ok()) reply = attach::Receive(fd_, deadline, Timeout());
+  if (st.ok()) reply = attach::Receive(fd_, deadline, Timeout(), ReplySpin());
   if (reply.ok() && reply.value().fd >= 0) {
     close(reply.value().fd);
     reply = Status::ProtocolError("the node sent a file descriptor");

@@ -4,8 +4,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <thread>
 
 #include "common/bytes.h"
 #include "common/fd_passing.h"
@@ -41,8 +43,10 @@ void CloseFds(const std::vector<int>& fds) {
   for (int fd : fds) close(fd);
 }
 
-// Reads exactly `n` bytes, collecting any passed fds into `fds`.
-Status ReadAll(int sock, uint8_t* dst, size_t n, Deadline deadline, std::vector<int>* fds) {
+// Reads exactly `n` bytes, collecting any passed fds into `fds`; until
+// `spin_until` it tries again instead of waiting in poll.
+Status ReadAll(int sock, uint8_t* dst, size_t n, Deadline deadline, std::vector<int>* fds,
+               Clock::time_point spin_until = {}) {
   while (n > 0) {
     ssize_t r = ReceiveWithFds(sock, dst, n, fds);
     if (r < 0 && errno == EMSGSIZE) {
@@ -56,6 +60,10 @@ Status ReadAll(int sock, uint8_t* dst, size_t n, Deadline deadline, std::vector<
     if (r == 0) return Lost(0);
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) return Lost(errno);
+    if (Clock::now() < std::min(spin_until, deadline.at())) {
+      std::this_thread::yield();
+      continue;
+    }
     FERRY_RETURN_IF_ERROR(Wait(sock, POLLIN, deadline));
   }
   return Status::Ok();
@@ -114,11 +122,12 @@ Status Send(int sock, Type type, uint64_t id, uint32_t deadline_ms, StatusCode c
   return Status::Ok();
 }
 
-Result<Frame> Receive(int sock, Deadline first_byte, Millis rest) {
+Result<Frame> Receive(int sock, Deadline first_byte, Millis rest, std::chrono::microseconds spin) {
   uint8_t head[kHeaderBytes];
   std::vector<int> fds;
   // The first byte may be long in coming; the rest of the frame may not.
-  Status st = ReadAll(sock, head, 1, first_byte, &fds);
+  Status st = ReadAll(sock, head, 1, first_byte, &fds,
+                      spin.count() > 0 ? Clock::now() + spin : Clock::time_point{});
   const Deadline body = Deadline::After(rest);
   if (st.ok()) st = ReadAll(sock, head + 1, kHeaderBytes - 1, body, &fds);
   Frame f;

@@ -71,8 +71,11 @@ Status Send(int sock, Type type, uint64_t id, uint32_t deadline_ms, StatusCode c
             std::span<const uint8_t> payload, Deadline deadline, int fd = -1);
 // Receives one frame. Waits up to `first_byte` for it to begin (an idle peer
 // is not an error), then up to `rest` for the remainder. ProtocolError for a
-// bad magic, version, type, length or code, or for more than one fd.
-Result<Frame> Receive(int sock, Deadline first_byte, Millis rest);
+// bad magic, version, type, length or code, or for more than one fd. With
+// `spin`, it looks for the first byte that long before it sleeps in poll, so
+// a reply that comes within it is seen without a thread wake-up.
+Result<Frame> Receive(int sock, Deadline first_byte, Millis rest,
+                      std::chrono::microseconds spin = {});
 
 // The attach handshake's proofs (common/auth.h): HMAC-SHA256 over the
 // direction's label, the client's nonce (from its Hello) and the node's (from

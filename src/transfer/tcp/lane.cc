@@ -1,5 +1,7 @@
 #include "transfer/tcp/lane.h"
 
+#include <algorithm>
+
 #include "common/crc32c.h"
 #include "common/log.h"
 #include "transfer/handshake.h"
@@ -87,8 +89,17 @@ void Lane::OnConnected(uint64_t gen, const Status& hello) {
 // copy's latency idles the connection. On the H200, GPU-to-GPU reads went
 // from 8.45 to 9.47 GB/s (0.78 -> 0.87 of host-memory reads), writes from
 // 9.26 to 9.68.
+//
+// Small chunks of host memory get enough of them on the wire to make a
+// megabyte, up to 16: on the H200 machine 16 in flight moved 64 KiB chunks
+// 8% faster than 4 (0.53 -> 0.57 of raw streams, 3 rounds each), while
+// 16 chunks of 512 KiB were slower than 4 (0.72 -> 0.66).
 size_t Lane::Window(const Task& t) const {
-  return static_cast<size_t>(cfg_.max_in_flight) * (t.gpu_remote ? 2 : 1);
+  constexpr uint64_t kWindowBytes = 1 << 20;
+  constexpr size_t kMaxWindow = 16;
+  const auto n = static_cast<size_t>(cfg_.max_in_flight);
+  if (t.gpu_remote) return 2 * n;
+  return std::max(n, std::min<size_t>(kMaxWindow, kWindowBytes / std::max<uint64_t>(t.length, 1)));
 }
 
 // Sends every task the window lets on the wire in one gathered write, so

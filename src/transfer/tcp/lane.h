@@ -1,6 +1,6 @@
 // One TCP connection of an initiator to a peer's listener. Tasks queue here,
-// up to `max_in_flight` are on the wire at once, and replies are matched in
-// order. All state is touched only on the lane's strand.
+// up to a window of them (max_in_flight; see Window()) are on the wire at once, and replies are
+// matched in order. All state is touched only on the lane's strand.
 //
 // Failure handling: a connect error, a reset, a malformed reply or a passed
 // deadline fails every task the lane holds and closes the socket; the next
@@ -36,7 +36,7 @@ class Lane : public std::enable_shared_from_this<Lane> {
     asio::ip::tcp::endpoint peer;
     std::string peer_name;
     uint64_t epoch = 0;     // the epoch of the descriptor the tasks' addresses came from
-    int max_in_flight = 4;  // doubled for requests to GPU memory: see Window()
+    int max_in_flight = 4;  // doubled for GPU memory, raised for small chunks: see Window()
     // Writes carry a CRC-32C and reads ask for one (EngineOptions::tcp_checksum).
     bool checksum = false;
     Millis connect_timeout{5000};
