@@ -4,7 +4,6 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
-#include <thread>
 
 #include "integration/key_file.h"
 #include "proto/store.grpc.pb.h"
@@ -209,49 +208,6 @@ TEST(StoreAuth, InProcessCallersNeedNoTokenButPassTheGateAndChecks) {
   ASSERT_TRUE(remote.ok());
   EXPECT_EQ(remote.value()->Stats().status().code(), StatusCode::kUnauthenticated);
   EXPECT_EQ(server.value()->auth_failures(), 1u);
-}
-
-// A client that looks for its answers before sleeping gets one that comes
-// during the look and one that comes after it, still proves the secret, and
-// still ends a call at its deadline.
-TEST(MasterClientSpin, AnswersDuringOrAfterTheLookAndDeadlinesHold) {
-  KeyFile key("spin", kSecret);
-  ASSERT_TRUE(key.ok());
-  std::atomic<int> delay_ms{0};
-  store::MasterServerOptions mo;
-  mo.http_port = -1;
-  mo.auth_key_file = key.path();
-  mo.gate = [&] {
-    std::this_thread::sleep_for(Millis(delay_ms.load()));
-    return Status::Ok();
-  };
-  auto server = store::MasterServer::Start(mo);
-  ASSERT_TRUE(server.ok()) << server.status().ToString();
-  auto k = auth::LoadConfigured(key.path());
-  ASSERT_TRUE(k.ok());
-  setenv("FERRY_MASTER_SPIN_US", "5000", 1);
-  auto client = store::MasterClient::Connect(server.value()->address(), Millis(300), k.value());
-  unsetenv("FERRY_MASTER_SPIN_US");
-  ASSERT_TRUE(client.ok()) << client.status().ToString();
-  for (int d : {0, 50}) {
-    delay_ms = d;
-    auto st = client.value()->Stats();
-    EXPECT_TRUE(st.ok()) << "answered after " << d << " ms: " << st.status().ToString();
-    store::PutSpec spec;
-    spec.key = "spun";
-    spec.size = 10;
-    auto put = client.value()->PutBegin({spec}, "", false);
-    ASSERT_TRUE(put.ok()) << put.status().ToString();
-    ASSERT_EQ(put.value().size(), 1u);
-    EXPECT_FALSE(put.value()[0].ok()) << "no node is mounted, so there is no space";
-  }
-  delay_ms = 1000;
-  const auto t0 = Clock::now();
-  auto late = client.value()->Exists({"k"});
-  EXPECT_EQ(late.status().code(), StatusCode::kTimeout) << late.status().ToString();
-  EXPECT_LT(Clock::now() - t0, Millis(900));
-  EXPECT_EQ(server.value()->auth_failures(), 0u);
-  delay_ms = 0;
 }
 
 TEST(StoreAuth, AMasterWithABadKeyFileDoesNotStart) {

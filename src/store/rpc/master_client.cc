@@ -3,10 +3,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include <mutex>
-#include <thread>
 
 #include "common/env.h"
-#include "common/log.h"
 #include "coord/etcd_client.h"
 #include "coord/etcd_url.h"
 #include "proto/store.grpc.pb.h"
@@ -106,65 +104,19 @@ Result<std::unique_ptr<grpc::ClientContext>> Context(const auth::Key* key, Milli
   return ctx;
 }
 
-// A call by all of its names: the stub's blocking and asynchronous methods,
-// and the service's.
+// A call by both of its names: the stub's method, and the service's.
 template <typename Req, typename Resp>
 struct Rpc {
   grpc::Status (pb::Master::Stub::*remote)(grpc::ClientContext*, const Req&, Resp*);
-  std::unique_ptr<grpc::ClientAsyncResponseReader<Resp>> (pb::Master::Stub::*async)(
-      grpc::ClientContext*, const Req&, grpc::CompletionQueue*);
   grpc::Status (pb::Master::Service::*local)(grpc::ServerContext*, const Req*, Resp*);
   const char* name;
 };
 template <typename Req, typename Resp>
 Rpc(grpc::Status (pb::Master::Stub::*)(grpc::ClientContext*, const Req&, Resp*),
-    std::unique_ptr<grpc::ClientAsyncResponseReader<Resp>> (pb::Master::Stub::*)(
-        grpc::ClientContext*, const Req&, grpc::CompletionQueue*),
     grpc::Status (pb::Master::Service::*)(grpc::ServerContext*, const Req*, Resp*), const char*)
     -> Rpc<Req, Resp>;
-#define FERRY_RPC(method)                                                                      \
-  Rpc {                                                                                        \
-    &pb::Master::Stub::method, &pb::Master::Stub::Async##method, &pb::Master::Service::method, \
-        #method                                                                                \
-  }
-
-// How long a call over gRPC looks for its answer before its thread sleeps: a
-// thread woken after a long wait costs more than the look on a host with cores
-// to spare (FERRY_MASTER_SPIN_US, 0 to 10000, read at Connect; 0 on hosts of
-// fewer than 8 cores, which the master and nodes need).
-std::chrono::microseconds AnswerSpin() {
-  const int64_t fallback = std::thread::hardware_concurrency() >= 8 ? 1000 : 0;
-  auto v = env::GetInt("FERRY_MASTER_SPIN_US", fallback);
-  if (v.ok() && v.value() >= 0 && v.value() <= 10000) return std::chrono::microseconds(v.value());
-  FERRY_LOG_WARN("FERRY_MASTER_SPIN_US: want 0 to 10000; using {}", fallback);
-  return std::chrono::microseconds(fallback);
-}
-
-// Runs an asynchronous call on a queue of its own, polling the queue without
-// sleeping for up to `spin`, then waiting; the call's deadline ends the wait.
-template <typename Resp>
-grpc::Status Spun(std::unique_ptr<grpc::ClientAsyncResponseReader<Resp>> reader,
-                  grpc::CompletionQueue* cq, Resp* resp, std::chrono::microseconds spin) {
-  grpc::Status st;
-  reader->Finish(resp, &st, reader.get());
-  void* tag = nullptr;
-  bool ok = false;
-  const auto until = Clock::now() + spin;
-  auto got = grpc::CompletionQueue::TIMEOUT;
-  while (got == grpc::CompletionQueue::TIMEOUT && Clock::now() < until) {
-    got = cq->AsyncNext(&tag, &ok, std::chrono::system_clock::now());
-  }
-  if (got == grpc::CompletionQueue::TIMEOUT) {
-    got = cq->Next(&tag, &ok) ? grpc::CompletionQueue::GOT_EVENT : grpc::CompletionQueue::SHUTDOWN;
-  }
-  cq->Shutdown();
-  while (cq->Next(&tag, &ok)) {
-  }
-  if (got != grpc::CompletionQueue::GOT_EVENT) {
-    return grpc::Status(grpc::StatusCode::INTERNAL, "the call's completion queue shut down");
-  }
-  return st;
-}
+#define FERRY_RPC(method) \
+  Rpc { &pb::Master::Stub::method, &pb::Master::Service::method, #method }
 
 template <typename Resp>
 Result<std::vector<Status>> Statuses(const Resp& resp, size_t n) {
@@ -219,12 +171,9 @@ class MasterClient::Impl {
     }
     FERRY_ASSIGN_OR_RETURN(auto ctx, store::Context(key.get(), timeout + extra, rpc.name));
     FERRY_ASSIGN_OR_RETURN(auto s, Stub());
-    if (spin.count() == 0) return Done(((*s).*rpc.remote)(ctx.get(), req, resp), rpc.name);
-    grpc::CompletionQueue cq;
-    return Done(Spun(((*s).*rpc.async)(ctx.get(), req, &cq), &cq, resp, spin), rpc.name);
+    return Done(((*s).*rpc.remote)(ctx.get(), req, resp), rpc.name);
   }
   Millis timeout;
-  std::chrono::microseconds spin{0};         // AnswerSpin() at Connect
   std::shared_ptr<const auth::Key> key;      // null: no secret
   std::shared_ptr<TermFence> fence;          // never null
   std::unique_ptr<LeaderResolver> resolver;  // etcd://: follows the leader; else null
@@ -263,7 +212,6 @@ Result<std::unique_ptr<MasterClient>> MasterClient::Connect(const std::string& a
     impl->current = address;
   }
   impl->timeout = rpc_timeout;
-  impl->spin = AnswerSpin();
   impl->key = std::move(key);
   impl->fence = fence ? std::move(fence) : std::make_shared<TermFence>();
   return std::unique_ptr<MasterClient>(new MasterClient(address, std::move(impl)));

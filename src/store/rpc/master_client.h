@@ -32,8 +32,6 @@ class MasterClient {
   // call carries a token made with it (call_auth.h); a master with another
   // secret, or with one while this side has none, fails calls with
   // Unauthenticated.
-  // On hosts of 8 or more cores a call looks for its answer for 1 ms before
-  // its thread sleeps (FERRY_MASTER_SPIN_US, 0 to 10000, read here).
   // Every answer's master term goes through `fence` (a new one when null;
   // share one between clients of several masters): an answer of a term
   // older than one seen fails the call with Unavailable, unused.
