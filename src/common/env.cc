@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/log.h"
+
 namespace ferry::env {
 
 std::optional<std::string> Get(const char* name) {
@@ -22,6 +24,13 @@ Result<int64_t> GetInt(const char* name, int64_t fallback) {
                                    "' is not an integer");
   }
   return out;
+}
+
+int64_t GetIntIn(const char* name, int64_t lo, int64_t hi, int64_t fallback) {
+  auto v = GetInt(name, fallback);
+  if (v.ok() && v.value() >= lo && v.value() <= hi) return v.value();
+  FERRY_LOG_WARN("{}: want {} to {}; using {}", name, lo, hi, fallback);
+  return fallback;
 }
 
 }  // namespace ferry::env

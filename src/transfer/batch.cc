@@ -13,12 +13,7 @@ namespace {
 // microseconds, sooner than a sleeping thread is woken. FERRY_WAIT_SPIN_US
 // (0 to 1000) sets it, to compare; a bad value is logged and the default kept.
 std::chrono::microseconds WaitSpin() {
-  static const std::chrono::microseconds spin = [] {
-    auto v = env::GetInt("FERRY_WAIT_SPIN_US", 50);
-    if (v.ok() && v.value() >= 0 && v.value() <= 1000) return std::chrono::microseconds(v.value());
-    FERRY_LOG_WARN("FERRY_WAIT_SPIN_US: want 0 to 1000; using 50");
-    return std::chrono::microseconds(50);
-  }();
+  static const std::chrono::microseconds spin(env::GetIntIn("FERRY_WAIT_SPIN_US", 0, 1000, 50));
   return spin;
 }
 

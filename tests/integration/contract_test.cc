@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <thread>
+#include <vector>
 
 #include "common/bytes.h"
 #include "common/clock.h"
@@ -248,6 +249,45 @@ TEST(EngineContract, SubmitOnStreamNeedsAGpu) {
       std::vector<Request>{{Op::kWrite, c, s.value(), reinterpret_cast<uint64_t>(mem.value()), 16}},
       nullptr);
   EXPECT_EQ(b.status().code(), StatusCode::kNotSupported) << b.status().ToString();
+}
+
+// A request to the target's GPU memory waits there for a copy to staging, so
+// a lane lets twice its window of them on the wire; small chunks of host
+// memory get up to a megabyte's worth (16 at most), large ones the window.
+TEST(TcpLanes, TheWindowDoublesForGpuMemoryAndGrowsForSmallChunks) {
+  struct Case {
+    uint64_t remote;
+    uint64_t length;
+    int want;
+  };
+  for (Case c : {Case{test::SilentTarget::kHost, 4096, 16}, Case{test::SilentTarget::kGpu, 4096, 4},
+                 Case{test::SilentTarget::kHost, 512 << 10, 2}}) {
+    test::SilentTarget target;
+    EngineOptions o;
+    o.transport = "tcp";
+    o.tcp_lanes = 1;
+    o.tcp_chunks_in_flight = 2;
+    auto e = Engine::Create(o);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    auto s = e.value()->OpenSegment(target.name());
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    constexpr int kRequests = 24;
+    std::vector<char> buf(kRequests * c.length);
+    std::vector<Request> reqs;
+    for (int i = 0; i < kRequests; ++i) {
+      reqs.push_back(
+          {Op::kRead, buf.data() + i * c.length, s.value(), c.remote + i * c.length, c.length});
+    }
+    auto b = e.value()->Submit(reqs, seconds(30));
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    for (int i = 0; i < 500 && target.requests() < c.want; ++i) {
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+    std::this_thread::sleep_for(milliseconds(200));  // no more should follow
+    EXPECT_EQ(target.requests(), c.want)
+        << "remote 0x" << std::hex << c.remote << std::dec << ", chunks of " << c.length;
+    e.value().reset();  // fails the unanswered requests, so the batch ends now
+  }
 }
 
 }  // namespace

@@ -23,7 +23,6 @@
 #include "common/thread_pool.h"
 #include "gpu/copier.h"
 #include "integration/peer.h"
-#include "integration/silent_target.h"
 #include "transfer/io_pool.h"
 #include "transfer/memory_registry.h"
 #include "transfer/metadata.h"
@@ -426,45 +425,6 @@ TEST(TransportSelection, OwnSegmentCopiesLocally) {
   Request r{Op::kRead, dst, s.value(), reinterpret_cast<uint64_t>(mem.value()) + 9, 64};
   ASSERT_TRUE(e.value()->Transfer(r).ok());
   EXPECT_STREQ(dst, "loopback");
-}
-
-// A request to the target's GPU memory waits there for a copy to staging, so
-// a lane lets twice its window of them on the wire; small chunks of host
-// memory get up to a megabyte's worth (16 at most), large ones the window.
-TEST(TcpLanes, TheWindowDoublesForGpuMemoryAndGrowsForSmallChunks) {
-  struct Case {
-    uint64_t remote;
-    uint64_t length;
-    int want;
-  };
-  for (Case c : {Case{test::SilentTarget::kHost, 4096, 16}, Case{test::SilentTarget::kGpu, 4096, 4},
-                 Case{test::SilentTarget::kHost, 512 << 10, 2}}) {
-    test::SilentTarget target;
-    EngineOptions o;
-    o.transport = "tcp";
-    o.tcp_lanes = 1;
-    o.tcp_chunks_in_flight = 2;
-    auto e = Engine::Create(o);
-    ASSERT_TRUE(e.ok()) << e.status().ToString();
-    auto s = e.value()->OpenSegment(target.name());
-    ASSERT_TRUE(s.ok()) << s.status().ToString();
-    constexpr int kRequests = 24;
-    std::vector<char> buf(kRequests * c.length);
-    std::vector<Request> reqs;
-    for (int i = 0; i < kRequests; ++i) {
-      reqs.push_back(
-          {Op::kRead, buf.data() + i * c.length, s.value(), c.remote + i * c.length, c.length});
-    }
-    auto b = e.value()->Submit(reqs, seconds(30));
-    ASSERT_TRUE(b.ok()) << b.status().ToString();
-    for (int i = 0; i < 500 && target.requests() < c.want; ++i) {
-      std::this_thread::sleep_for(milliseconds(5));
-    }
-    std::this_thread::sleep_for(milliseconds(200));  // no more should follow
-    EXPECT_EQ(target.requests(), c.want)
-        << "remote 0x" << std::hex << c.remote << std::dec << ", chunks of " << c.length;
-    e.value().reset();  // fails the unanswered requests, so the batch ends now
-  }
 }
 
 TEST(EngineLifecycle, CreateAndDestroyInALoop) {

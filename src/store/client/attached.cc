@@ -10,7 +10,6 @@
 #include <thread>
 
 #include "common/env.h"
-#include "common/log.h"
 
 namespace ferry::store::attached {
 namespace {
@@ -20,13 +19,8 @@ namespace {
 // the look (FERRY_ATTACH_SPIN_US, 0 to 10000, sets it, to compare). Two cores
 // are better left to the node.
 std::chrono::microseconds ReplySpin() {
-  static const std::chrono::microseconds spin = [] {
-    const int64_t fallback = std::thread::hardware_concurrency() >= 8 ? 2000 : 0;
-    auto v = env::GetInt("FERRY_ATTACH_SPIN_US", fallback);
-    if (v.ok() && v.value() >= 0 && v.value() <= 10000) return std::chrono::microseconds(v.value());
-    FERRY_LOG_WARN("FERRY_ATTACH_SPIN_US: want 0 to 10000; using {}", fallback);
-    return std::chrono::microseconds(fallback);
-  }();
+  static const std::chrono::microseconds spin(env::GetIntIn(
+      "FERRY_ATTACH_SPIN_US", 0, 10000, std::thread::hardware_concurrency() >= 8 ? 2000 : 0));
   return spin;
 }
 
