@@ -59,8 +59,9 @@ int Demo(const DemoArgs& args);
 
 struct MasterArgs {
   std::string host = "127.0.0.1";
-  uint16_t port = 0;  // gRPC; 0 picks one
-  int http_port = 0;  // /metrics and /health; 0 picks one, -1 none
+  uint16_t port = 0;    // gRPC; 0 picks one
+  int http_port = 0;    // /metrics and /health; 0 picks one, -1 none
+  int socket_port = 0;  // the data path's calls over TCP; 0 picks one, -1 none
   int64_t lease_ms = 5000;
   int64_t put_timeout_ms = 10000;
   int64_t write_grace_ms = 1000;

@@ -148,6 +148,9 @@ int main(int argc, char** argv) {
   m->add_option("--port", ma.port, "gRPC port (0 picks one)");
   m->add_option("--http-port", ma.http_port, "HTTP port for /metrics and /health (0 picks, -1 off)")
       ->check(CLI::Range(-1, 65535));
+  m->add_option("--socket-port", ma.socket_port,
+                "TCP port of the data path's calls, besides gRPC (0 picks, -1 off: gRPC only)")
+      ->check(CLI::Range(-1, 65535));
   m->add_option("--lease-ms", ma.lease_ms, "Read lease granted by a get")
       ->check(CLI::Range(int64_t{1}, int64_t{86400000}));
   m->add_option("--put-timeout-ms", ma.put_timeout_ms, "Open puts are reclaimed after this")

@@ -257,6 +257,7 @@ int Master(const MasterArgs& args) {
   o.host = args.host;
   o.port = args.port;
   o.http_port = args.http_port;
+  o.socket_port = args.socket_port;
   o.master.lease = Millis(args.lease_ms);
   o.master.put_timeout = Millis(args.put_timeout_ms);
   o.master.write_grace = Millis(args.write_grace_ms);
@@ -292,6 +293,7 @@ int Master(const MasterArgs& args) {
   }
   nlohmann::json out = {{"address", server.value()->address()},
                         {"http_port", server.value()->http_port()},
+                        {"socket_port", server.value()->socket_port()},
                         {"term", o.master.term},
                         {"pid", getpid()}};
   std::printf("%s\n", out.dump().c_str());

@@ -188,7 +188,7 @@ int MasterWithElection(const MasterArgs& args, const store::MasterServerOptions&
     *port = free.value();
     return true;
   };
-  if (!pick(&o.port) || !pick(&o.http_port)) return 1;
+  if (!pick(&o.port) || !pick(&o.http_port) || !pick(&o.socket_port)) return 1;
   const std::string address = o.host + ":" + std::to_string(o.port);
   Candidate candidate(o, etcd.value(), url.value().cluster);
   if (Status st = candidate.StartStandby(); !st.ok()) {

@@ -4,13 +4,18 @@
 #include <httplib.h>
 
 #include <algorithm>
+#include <atomic>
+#include <span>
+#include <string_view>
 #include <thread>
 
 #include "common/host.h"
 #include "common/log.h"
 #include "proto/store.grpc.pb.h"
+#include "store/master/socket_server.h"
 #include "store/rpc/call_auth.h"
 #include "store/rpc/catalog_wire.h"
+#include "store/rpc/master_wire.h"
 #include "store/rpc/proto_util.h"
 
 namespace ferry::store {
@@ -65,11 +70,31 @@ grpc::Status Guard(const char* what, F&& f) {
 
 class Service final : public pb::Master::Service {
  public:
-  // `checker` (null: no cluster secret) outlives the service.
-  Service(Master& m, CallTokenChecker* checker, std::function<Status()> gate)
-      : m_(m), checker_(checker), gate_(std::move(gate)) {}
+  // `checker` (null: no cluster secret) and `socket_port` (Hello's answer)
+  // outlive the service.
+  Service(Master& m, CallTokenChecker* checker, std::function<Status()> gate,
+          const std::atomic<int>& socket_port)
+      : m_(m), checker_(checker), gate_(std::move(gate)), socket_port_(socket_port) {}
 
   uint64_t auth_failures() const { return refused_.count(); }
+
+  // OK when the call's token checks out, or no secret is set; a refusal is
+  // counted against `peer`. `token` null: the call had none.
+  Status Admit(const char* method, const std::string_view* token, const std::string& peer) {
+    if (checker_ == nullptr) return Status::Ok();
+    Status st = checker_->Check(method, token);
+    if (!st.ok()) refused_.Add(peer, std::string(method) + ": " + st.message());
+    return st;
+  }
+
+  // Where the socket calls are: no secret is needed to learn it, since each
+  // socket call proves it, and a caller refused here would be counted twice.
+  grpc::Status Hello(grpc::ServerContext*, const pb::HelloRequest*,
+                     pb::HelloResponse* resp) override {
+    resp->set_socket_port(static_cast<uint32_t>(std::max(socket_port_.load(), 0)));
+    resp->set_socket_version(master_wire::kVersion);
+    return grpc::Status::OK;
+  }
 
   grpc::Status Mount(grpc::ServerContext* ctx, const pb::MountRequest* req,
                      pb::MountResponse* resp) override {
@@ -270,9 +295,8 @@ class Service final : public pb::Master::Service {
       auto it = md.find(kTokenHeader);
       std::string_view token;
       if (it != md.end()) token = std::string_view(it->second.data(), it->second.size());
-      Status st = checker_->Check(method, it == md.end() ? nullptr : &token);
+      Status st = Admit(method, it == md.end() ? nullptr : &token, ctx->peer());
       if (!st.ok()) {
-        refused_.Add(ctx->peer(), std::string(method) + ": " + st.message());
         return grpc::Status(st.code() == StatusCode::kResourceExhausted
                                 ? grpc::StatusCode::RESOURCE_EXHAUSTED
                                 : grpc::StatusCode::UNAUTHENTICATED,
@@ -289,8 +313,76 @@ class Service final : public pb::Master::Service {
   Master& m_;
   CallTokenChecker* const checker_;
   const std::function<Status()> gate_;
+  const std::atomic<int>& socket_port_;
   log::Refusals refused_{"master"};  // calls without a good token
 };
+
+SocketReply Refused(const Status& st) {
+  return {st.code(), master_wire::MessagePayload(st.message())};
+}
+
+// One socket call, as gRPC would make it: the request parsed, the service's
+// method run and its answer serialized.
+template <typename Req, typename Resp>
+SocketReply Dispatch(pb::Master::Service& s,
+                     grpc::Status (pb::Master::Service::*method)(grpc::ServerContext*, const Req*,
+                                                                 Resp*),
+                     std::span<const uint8_t> body) {
+  Req req;
+  if (!req.ParseFromArray(body.data(), static_cast<int>(body.size()))) {
+    return Refused(Status::InvalidArgument("malformed request"));
+  }
+  Resp resp;
+  grpc::ServerContext ctx;
+  grpc::Status st = (s.*method)(&ctx, &req, &resp);
+  if (!st.ok())
+    return {CodeFromGrpc(st.error_code()), master_wire::MessagePayload(st.error_message())};
+  SocketReply out;
+  out.payload.resize(resp.ByteSizeLong());
+  resp.SerializeWithCachedSizesToArray(out.payload.data());
+  return out;
+}
+
+// A socket request, checked and run on `local` (the in-process service:
+// the same checks and gate), its token checked by `remote`.
+SocketReply ServeSocket(Service& remote, Service& local, const framing::Frame& f,
+                        const std::string& peer) {
+  using master_wire::Type;
+  const char* name = master_wire::MethodName(f.type);
+  if (name == nullptr) return Refused(Status::InvalidArgument("not a method"));
+  std::string_view token;
+  std::span<const uint8_t> body;
+  if (Status st = master_wire::DecodeRequest(f.payload, &token, &body); !st.ok()) {
+    return Refused(st);
+  }
+  if (Status st = remote.Admit(name, token.empty() ? nullptr : &token, peer); !st.ok()) {
+    return Refused(st);
+  }
+  using S = pb::Master::Service;
+  switch (static_cast<Type>(f.type)) {
+    case Type::kPutBegin:
+      return Dispatch(local, &S::PutBegin, body);
+    case Type::kPutEnd:
+      return Dispatch(local, &S::PutEnd, body);
+    case Type::kGet:
+      return Dispatch(local, &S::Get, body);
+    case Type::kReleaseLeases:
+      return Dispatch(local, &S::ReleaseLeases, body);
+    case Type::kExists:
+      return Dispatch(local, &S::Exists, body);
+    case Type::kRemove:
+      return Dispatch(local, &S::Remove, body);
+    case Type::kPin:
+      return Dispatch(local, &S::Pin, body);
+    case Type::kStats:
+      return Dispatch(local, &S::Stats, body);
+    case Type::kRemoveAll:
+      return Dispatch(local, &S::RemoveAll, body);
+    case Type::kGreeting:
+      break;
+  }
+  return Refused(Status::InvalidArgument("not a method"));
+}
 
 }  // namespace
 
@@ -345,8 +437,8 @@ class MasterServer::Impl {
   Impl(const MasterOptions& o, std::shared_ptr<const auth::Key> key, std::function<Status()> gate)
       : master(o),
         checker(key ? std::make_unique<CallTokenChecker>(std::move(key)) : nullptr),
-        service(master, checker.get(), gate),
-        local_service(master, nullptr, std::move(gate)) {}
+        service(master, checker.get(), gate, socket_port),
+        local_service(master, nullptr, std::move(gate), socket_port) {}
   MasterStats Stats() {
     MasterStats s = master.Stats();
     s.auth_failures = service.auth_failures();
@@ -354,8 +446,10 @@ class MasterServer::Impl {
   }
   Master master;
   std::unique_ptr<CallTokenChecker> checker;  // null without a secret
+  std::atomic<int> socket_port{0};            // 0: no socket calls
   Service service;
-  Service local_service;  // this process's calls: no token to check
+  Service local_service;                 // this process's calls: no token to check
+  std::unique_ptr<SocketServer> socket;  // null with socket_port -1
   std::unique_ptr<grpc::Server> server;
   std::string address;
   httplib::Server http;
@@ -371,12 +465,20 @@ MasterServer::~MasterServer() {
     impl_->http.stop();
     impl_->http_thread.join();
   }
+  impl_->socket.reset();
   impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
 }
 
 const std::string& MasterServer::address() const { return impl_->address; }
 int MasterServer::http_port() const { return impl_->http_port; }
 uint64_t MasterServer::auth_failures() const { return impl_->service.auth_failures(); }
+int MasterServer::socket_port() const { return impl_->socket_port.load(); }
+uint64_t MasterServer::socket_calls() const {
+  return impl_->socket == nullptr ? 0 : impl_->socket->calls();
+}
+size_t MasterServer::socket_connections() const {
+  return impl_->socket == nullptr ? 0 : impl_->socket->connections();
+}
 
 grpc::Service* MasterServer::InProcessService() const { return &impl_->local_service; }
 
@@ -414,6 +516,24 @@ Result<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterServerOpti
     return Status::Unavailable("cannot serve gRPC on " + o.host + ":" + std::to_string(o.port));
   }
   impl->address = o.host + ":" + std::to_string(port);
+  if (o.socket_port >= 0) {
+    SocketServerOptions so;
+    so.host = o.host;
+    so.port = static_cast<uint16_t>(o.socket_port);
+    so.max_connections = o.socket_max_connections;
+    Impl* raw = impl.get();
+    auto socket = SocketServer::Start(
+        so, master_wire::kFormat, static_cast<uint16_t>(master_wire::Type::kGreeting),
+        [raw](const framing::Frame& f, const std::string& peer) {
+          return ServeSocket(raw->service, raw->local_service, f, peer);
+        });
+    if (!socket.ok()) {
+      impl->server->Shutdown();
+      return socket.status();
+    }
+    impl->socket = std::move(socket).value();
+    impl->socket_port = impl->socket->port();
+  }
   if (o.http_port >= 0) {
     Impl* raw = impl.get();
     auto extra_metrics = o.extra_metrics, extra_health = o.extra_health;

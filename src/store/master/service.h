@@ -1,6 +1,7 @@
-// The master as a network service: the gRPC control plane (src/proto/store.proto)
-// and an HTTP endpoint with Prometheus text on /metrics and "ok" on /health.
-// Every request is validated here before it reaches the Master.
+// The master as a network service: the gRPC control plane (src/proto/store.proto),
+// the same calls of the data path over a plain TCP socket
+// (store/rpc/master_wire.h), and an HTTP endpoint with Prometheus text on /metrics and "ok" on
+// /health. Every request is validated here before it reaches the Master.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,11 @@ namespace ferry::store {
 struct MasterServerOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 0;  // gRPC; 0 picks a free port
+  // The socket calls (store/rpc/master_wire.h), on the same host: 0 picks a
+  // free port, -1 serves none (every call then goes by gRPC). Clients learn
+  // it from the Hello call.
+  int socket_port = 0;
+  size_t socket_max_connections = 1024;
   int http_port = 0;  // 0 picks a free port, -1 serves no HTTP
   MasterOptions master;
   // The cluster secret's file: every gRPC call must carry a token made with
@@ -51,8 +57,12 @@ class MasterServer {
 
   const std::string& address() const;  // "host:port" of the gRPC service
   int http_port() const;               // -1 when not serving HTTP
-  // Calls refused for the cluster secret since Start. Never blocks.
+  // Calls refused for the cluster secret since Start, by gRPC or socket.
+  // Never blocks.
   uint64_t auth_failures() const;
+  int socket_port() const;            // 0 when serving no socket calls
+  uint64_t socket_calls() const;      // socket requests answered since Start
+  size_t socket_connections() const;  // socket connections served now
   // The service for callers in this process (MasterClient::Connect with a
   // service): the same validation and gate, without the cluster-secret check,
   // since such a caller could reach the Master itself.

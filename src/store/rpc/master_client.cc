@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <mutex>
+#include <thread>
 
 #include "common/env.h"
 #include "coord/etcd_client.h"
@@ -12,6 +13,8 @@
 #include "store/rpc/catalog_wire.h"
 #include "store/rpc/leader.h"
 #include "store/rpc/limits.h"
+#include "store/rpc/master_socket.h"
+#include "store/rpc/master_wire.h"
 #include "store/rpc/proto_util.h"
 
 namespace ferry::store {
@@ -23,22 +26,10 @@ namespace pb = ::ferry::store::v1;
 constexpr int kMaxReplicaExtents = static_cast<int>(kMaxExtents);
 constexpr int kMaxReplicas = 64;
 
-// The gRPC codes a caller acts on, as Ferry's; any other is Internal.
-constexpr std::pair<grpc::StatusCode, StatusCode> kGrpcCodes[] = {
-    {grpc::StatusCode::DEADLINE_EXCEEDED, StatusCode::kTimeout},
-    {grpc::StatusCode::INVALID_ARGUMENT, StatusCode::kInvalidArgument},
-    {grpc::StatusCode::UNAVAILABLE, StatusCode::kUnavailable},
-    {grpc::StatusCode::UNAUTHENTICATED, StatusCode::kUnauthenticated},
-    {grpc::StatusCode::RESOURCE_EXHAUSTED, StatusCode::kResourceExhausted},
-};
-
 Status FromGrpc(const grpc::Status& st, const char* call) {
   if (st.ok()) return Status::Ok();
-  StatusCode code = StatusCode::kInternal;
-  for (auto [theirs, ours] : kGrpcCodes) {
-    if (st.error_code() == theirs) code = ours;
-  }
-  return Status(code, std::string("master ") + call + ": " + st.error_message());
+  return Status(CodeFromGrpc(st.error_code()),
+                std::string("master ") + call + ": " + st.error_message());
 }
 
 // Replicas from the master, checked: extents are non-empty and sum to `size`.
@@ -104,19 +95,39 @@ Result<std::unique_ptr<grpc::ClientContext>> Context(const auth::Key* key, Milli
   return ctx;
 }
 
-// A call by both of its names: the stub's method, and the service's.
+// A call by all of its names: the stub's method, the service's, and its
+// socket type (0: gRPC only).
 template <typename Req, typename Resp>
 struct Rpc {
   grpc::Status (pb::Master::Stub::*remote)(grpc::ClientContext*, const Req&, Resp*);
   grpc::Status (pb::Master::Service::*local)(grpc::ServerContext*, const Req*, Resp*);
   const char* name;
+  uint16_t socket;
 };
 template <typename Req, typename Resp>
 Rpc(grpc::Status (pb::Master::Stub::*)(grpc::ClientContext*, const Req&, Resp*),
-    grpc::Status (pb::Master::Service::*)(grpc::ServerContext*, const Req*, Resp*), const char*)
-    -> Rpc<Req, Resp>;
-#define FERRY_RPC(method) \
-  Rpc { &pb::Master::Stub::method, &pb::Master::Service::method, #method }
+    grpc::Status (pb::Master::Service::*)(grpc::ServerContext*, const Req*, Resp*), const char*,
+    uint16_t) -> Rpc<Req, Resp>;
+#define FERRY_RPC(method)                                             \
+  Rpc {                                                               \
+    &pb::Master::Stub::method, &pb::Master::Service::method, #method, \
+        master_wire::TypeFor(#method)                                 \
+  }
+
+// How long a caller looks for a socket call's reply before it sleeps
+// (FERRY_MASTER_SPIN_US, 0 to 10000, to compare): as attached clients do,
+// on hosts with cores to spare.
+std::chrono::microseconds SocketSpin() {
+  static const std::chrono::microseconds spin(env::GetIntIn(
+      "FERRY_MASTER_SPIN_US", 0, 10000, std::thread::hardware_concurrency() >= 8 ? 2000 : 0));
+  return spin;
+}
+
+// How soon a master whose socket could not be had is asked for it again.
+constexpr Millis kAskAgain{1000};
+
+// The host of "host:port" or "[v6]:port".
+std::string HostOf(const std::string& address) { return address.substr(0, address.rfind(':')); }
 
 template <typename Resp>
 Result<std::vector<Status>> Statuses(const Resp& resp, size_t n) {
@@ -169,9 +180,87 @@ class MasterClient::Impl {
       grpc::ServerContext server_ctx;
       return FromGrpc((local->*rpc.local)(&server_ctx, &req, resp), rpc.name);
     }
-    FERRY_ASSIGN_OR_RETURN(auto ctx, store::Context(key.get(), timeout + extra, rpc.name));
     FERRY_ASSIGN_OR_RETURN(auto s, Stub());
+    if (rpc.socket != 0) {
+      if (std::shared_ptr<MasterSocket> sock = Socket(*s)) {
+        bool unsent = false;
+        Status st = SocketCall(*sock, rpc.socket, rpc.name, req, resp, timeout + extra, &unsent);
+        if (!unsent) return st;
+        AskAgainSoon();  // a restarted master serves on another port
+      }
+    }
+    FERRY_ASSIGN_OR_RETURN(auto ctx, store::Context(key.get(), timeout + extra, rpc.name));
     return Done(((*s).*rpc.remote)(ctx.get(), req, resp), rpc.name);
+  }
+  // `rpc` over the master's socket. With `*unsent`, the request never left
+  // and may go by gRPC.
+  template <typename Req, typename Resp>
+  Status SocketCall(MasterSocket& sock, uint16_t type, const char* name, const Req& req, Resp* resp,
+                    Millis call_timeout, bool* unsent) const {
+    std::string token;
+    if (key != nullptr) {
+      FERRY_ASSIGN_OR_RETURN(token, MakeCallToken(*key, name));
+    }
+    std::string body;
+    req.SerializeToString(&body);
+    FERRY_ASSIGN_OR_RETURN(std::vector<uint8_t> payload, master_wire::EncodeRequest(token, body));
+    auto reply = sock.Call(type, payload, call_timeout, unsent);
+    if (!reply.ok()) {
+      if (reply.status().code() == StatusCode::kUnavailable && resolver != nullptr) {
+        resolver->Refresh();
+      }
+      return Status(reply.status().code(),
+                    std::string("master ") + name + ": " + reply.status().message());
+    }
+    const framing::Frame& f = reply.value();
+    if (f.code != StatusCode::kOk) {
+      return Status(f.code,
+                    std::string("master ") + name + ": " + master_wire::ReplyMessage(f.payload));
+    }
+    if (!resp->ParseFromArray(f.payload.data(), static_cast<int>(f.payload.size()))) {
+      return Status::ProtocolError(std::string("master ") + name + ": malformed reply");
+    }
+    return Status::Ok();
+  }
+  // The socket of the master behind `stub`, asked for with Hello the first
+  // time; null when it serves none (or FERRY_MASTER_SOCKET=0).
+  std::shared_ptr<MasterSocket> Socket(pb::Master::Stub& stub) const {
+    std::lock_guard lk(socket_mu);
+    if (!use_socket) return nullptr;
+    const std::string addr = resolver == nullptr ? current : CurrentAddress();
+    if (socket_for == addr && Clock::now() < socket_retry) return socket;
+    socket_for = addr;
+    socket.reset();
+    pb::HelloRequest req;
+    pb::HelloResponse resp;
+    socket_retry = Clock::now() + kAskAgain;
+    auto ctx = store::Context(key.get(), std::min(timeout, kAskAgain), "Hello");
+    if (!ctx.ok()) return nullptr;
+    grpc::Status st = stub.Hello(ctx.value().get(), req, &resp);
+    // An older master has no Hello: gRPC only, for as long as it stays; an
+    // unreachable one is asked again a second later.
+    if (!st.ok()) {
+      if (st.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+        socket_retry = Clock::time_point::max();
+      }
+      return nullptr;
+    }
+    socket_retry = Clock::time_point::max();
+    if (resp.socket_port() == 0 || resp.socket_port() > 65535 ||
+        resp.socket_version() != master_wire::kVersion) {
+      return nullptr;
+    }
+    socket = std::make_shared<MasterSocket>(HostOf(addr), static_cast<uint16_t>(resp.socket_port()),
+                                            SocketSpin());
+    return socket;
+  }
+  void AskAgainSoon() const {
+    std::lock_guard lk(socket_mu);
+    socket_retry = std::min(socket_retry, Clock::now() + kAskAgain);
+  }
+  std::string CurrentAddress() const {
+    std::lock_guard lk(mu);
+    return current;
   }
   Millis timeout;
   std::shared_ptr<const auth::Key> key;      // null: no secret
@@ -182,6 +271,11 @@ class MasterClient::Impl {
   mutable std::shared_ptr<pb::Master::Stub> stub;
   mutable std::string current;           // the stub's address; guarded by mu
   pb::Master::Service* local = nullptr;  // in-process: called directly, not through stub
+  bool use_socket = true;                // FERRY_MASTER_SOCKET=0: gRPC only
+  mutable std::mutex socket_mu;
+  mutable std::shared_ptr<MasterSocket> socket;  // guarded by socket_mu; null: none
+  mutable std::string socket_for;                // guarded by socket_mu: its master's address
+  mutable Clock::time_point socket_retry;        // guarded by socket_mu: when to ask again
 };
 
 const TermFence& MasterClient::fence() const { return *impl_->fence; }
@@ -212,6 +306,7 @@ Result<std::unique_ptr<MasterClient>> MasterClient::Connect(const std::string& a
     impl->current = address;
   }
   impl->timeout = rpc_timeout;
+  impl->use_socket = env::Get("FERRY_MASTER_SOCKET").value_or("") != "0";
   impl->key = std::move(key);
   impl->fence = fence ? std::move(fence) : std::make_shared<TermFence>();
   return std::unique_ptr<MasterClient>(new MasterClient(address, std::move(impl)));

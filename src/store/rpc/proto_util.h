@@ -1,6 +1,8 @@
 // Status <-> protobuf ItemStatus, shared by the master and its clients.
 #pragma once
 
+#include <grpcpp/support/status.h>
+
 #include "ferry/status.h"
 #include "proto/store.pb.h"
 
@@ -18,6 +20,27 @@ inline Status FromProto(const v1::ItemStatus& s) {
   }
   if (s.code() == 0) return Status::Ok();
   return Status(static_cast<StatusCode>(s.code()), s.message());
+}
+
+// The gRPC codes a caller acts on, as Ferry's; any other is Internal. The
+// master's socket calls send this code for what its service answered.
+inline StatusCode CodeFromGrpc(grpc::StatusCode c) {
+  switch (c) {
+    case grpc::StatusCode::OK:
+      return StatusCode::kOk;
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return StatusCode::kTimeout;
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return StatusCode::kInvalidArgument;
+    case grpc::StatusCode::UNAVAILABLE:
+      return StatusCode::kUnavailable;
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return StatusCode::kUnauthenticated;
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return StatusCode::kResourceExhausted;
+    default:
+      return StatusCode::kInternal;
+  }
 }
 
 }  // namespace ferry::store
