@@ -101,6 +101,20 @@ Result<bool> StreamCapturing(void* stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
+Result<bool> StreamIdle(int device, void* stream) {
+  DeviceGuard guard(device);
+  const cudaError_t e = cudaStreamQuery(static_cast<cudaStream_t>(stream));
+  if (e == cudaSuccess) return true;
+  if (e == cudaErrorNotReady) {
+    // Not a failure, and it must not linger as the error a framework's next
+    // launch check finds (PyTorch's Stream.query clears it the same way).
+    (void)cudaGetLastError();
+    return false;
+  }
+  FERRY_RETURN_IF_ERROR(Cuda(e, "cudaStreamQuery"));
+  return false;
+}
+
 Status CopyOnStream(void* dst, const void* src, size_t length, void* stream) {
   return Cuda(
       cudaMemcpyAsync(dst, src, length, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)),
@@ -135,6 +149,7 @@ IpcStream::~IpcStream() = default;
 Status IpcStream::WaitPeerEvent(const std::string&) { return NoCuda(); }
 Result<int> StreamDevice(void*) { return NoCuda(); }
 Result<bool> StreamCapturing(void*) { return NoCuda(); }
+Result<bool> StreamIdle(int, void*) { return NoCuda(); }
 Status CopyOnStream(void*, const void*, size_t, void*) { return NoCuda(); }
 Status WaitStream(void*) { return NoCuda(); }
 Status CopyOnStreamAndWait(void*, const void*, size_t, void*) { return NoCuda(); }

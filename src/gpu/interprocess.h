@@ -70,6 +70,11 @@ Result<int> StreamDevice(void* stream);
 // Whether `stream` is being captured into a CUDA graph (DESIGN.md R5: work
 // that must really run then is refused, never silently captured).
 Result<bool> StreamCapturing(void* stream);
+// Whether everything enqueued on `stream` (of `device`; null is the legacy
+// default stream) has finished, without waiting: then memory it wrote is
+// ready with no event (R1 orders by that stream's work alone). Never call it
+// on a stream being captured, which it would invalidate.
+Result<bool> StreamIdle(int device, void* stream);
 
 // Enqueues a copy between host and device memory on `stream`, after the
 // work already on it; returns at once.
