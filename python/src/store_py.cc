@@ -10,6 +10,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -294,6 +295,28 @@ void RegisterStore(py::module_& m) {
             return Take(s.Call([&](ferry::Store& st) { return st.AllocateBuffer(nbytes); }));
           },
           py::arg("nbytes"))
+      .def(
+          "_time_get_into",
+          // The benchmark's C++ reference (python/bench/bench_store_latency.py):
+          // the same GetInto as get_into, in a loop here, in this process and
+          // on this store; the microseconds of each call.
+          [](PyStore& s, const std::string& key, uint64_t addr, uint64_t len, int iterations) {
+            const ferry::StoreBuffer buf{Ptr(addr), static_cast<size_t>(len)};
+            return Take(s.Call([&](ferry::Store& st) -> ferry::Result<std::vector<double> > {
+              std::vector<double> us;
+              us.reserve(static_cast<size_t>(std::max(iterations, 0)));
+              for (int i = 0; i < iterations; ++i) {
+                const auto t0 = std::chrono::steady_clock::now();
+                auto r = st.GetInto(key, buf);
+                us.push_back(
+                    std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+                        .count());
+                if (!r.ok()) return r.status();
+              }
+              return us;
+            }));
+          },
+          py::arg("key"), py::arg("addr"), py::arg("len"), py::arg("iterations"))
       .def(
           "remove_all",
           [](PyStore& s, bool force) {
