@@ -2,7 +2,9 @@
 // fresh one per input, which is a sequence of calls, each a method byte, a
 // u16 length and that many bytes parsed as the method's request (bytes that
 // do not parse are what gRPC itself would refuse, and are skipped). The
-// handlers are called directly, with no transport in between.
+// handlers are called directly, with no transport in between. A socket call
+// (kSocket) goes through the socket's dispatch instead: its payload split
+// into token and request, parsed, and run as the same method.
 //
 // Checked after every call: only OK or INVALID_ARGUMENT (INTERNAL means
 // something threw), one result per item, known status codes and no Internal
@@ -37,7 +39,8 @@ enum Method : uint8_t {
   kPin,
   kRemoveAll,
   kStats,
-  kTick,  // the master's background work, not a call
+  kTick,    // the master's background work, not a call
+  kSocket,  // a socket call (master_wire.h): type byte, then the frame's payload
   kMethods,
 };
 
@@ -54,9 +57,10 @@ void CheckStatuses(const Results& results, int items) {
   for (const auto& s : results) CheckStatus(s);
 }
 
-// The service with no cluster secret and no gate.
+// The service with no cluster secret, no gate and no socket port.
 std::unique_ptr<Service> MakeService(Master& m) {
-  return std::make_unique<Service>(m, nullptr, nullptr);
+  static const std::atomic<int> kNoSocket{0};
+  return std::make_unique<Service>(m, nullptr, nullptr, kNoSocket);
 }
 
 class Harness {
@@ -159,6 +163,17 @@ class Harness {
       case kTick:
         master_.Tick();
         return;
+      case kSocket: {
+        if (n == 0) return;
+        framing::Frame f;
+        f.type = p[0];
+        f.payload.assign(p + 1, p + n);
+        const SocketReply r = ServeSocket(*service_, *service_, f, "fuzz");
+        FUZZ_CHECK(r.code != StatusCode::kInternal, "socket call %u: Internal", f.type);
+        FUZZ_CHECK(r.payload.size() <= master_wire::kMaxPayload, "socket reply of %zu bytes",
+                   r.payload.size());
+        return;
+      }
     }
   }
 
