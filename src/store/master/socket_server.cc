@@ -17,6 +17,7 @@
 #include <list>
 #include <mutex>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -88,10 +89,16 @@ class SocketServer::Impl {
         close(fd);
         continue;
       }
-      ++live;
       Conn& c = conns.emplace_back();
       c.fd = fd;
-      c.thread = std::thread([this, &c, name = PeerName(peer)] { Serve(c, name); });
+      try {
+        c.thread = std::thread([this, &c, name = PeerName(peer)] { Serve(c, name); });
+        ++live;
+      } catch (const std::system_error& e) {  // out of threads: this one is not served
+        FERRY_LOG_WARN("master socket: cannot start a connection's thread: {}", e.what());
+        close(fd);
+        conns.pop_back();
+      }
     }
   }
 
