@@ -13,4 +13,8 @@ const std::string& HostIdentity();
 // be reached from this host: 127.0.0.0/8, ::1 or an IPv4-mapped 127 address.
 bool IsLoopbackHost(const std::string& host);
 
+// `host` without the brackets of an IPv6 literal ("[::1]" -> "::1"), as
+// getaddrinfo and inet_pton take it; any other host as it is.
+std::string Unbracketed(const std::string& host);
+
 }  // namespace ferry

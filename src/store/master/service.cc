@@ -335,8 +335,9 @@ SocketReply Dispatch(pb::Master::Service& s,
   Resp resp;
   grpc::ServerContext ctx;
   grpc::Status st = (s.*method)(&ctx, &req, &resp);
-  if (!st.ok())
+  if (!st.ok()) {
     return {CodeFromGrpc(st.error_code()), master_wire::MessagePayload(st.error_message())};
+  }
   SocketReply out;
   out.payload.resize(resp.ByteSizeLong());
   resp.SerializeWithCachedSizesToArray(out.payload.data());

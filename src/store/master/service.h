@@ -1,7 +1,8 @@
-// The master as a network service: the gRPC control plane (src/proto/store.proto),
-// the same calls of the data path over a plain TCP socket
-// (store/rpc/master_wire.h), and an HTTP endpoint with Prometheus text on /metrics and "ok" on
-// /health. Every request is validated here before it reaches the Master.
+// The master as a network service: the gRPC control plane
+// (src/proto/store.proto), the same calls of the data path over a plain TCP
+// socket (store/rpc/master_wire.h), and an HTTP endpoint with Prometheus text
+// on /metrics and "ok" on /health. Every request is validated here before it
+// reaches the Master.
 #pragma once
 
 #include <cstdint>

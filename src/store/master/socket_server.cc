@@ -1,7 +1,6 @@
 #include "store/master/socket_server.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -22,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/host.h"
 #include "common/log.h"
 #include "common/thread_name.h"
 
@@ -157,10 +157,7 @@ Result<std::unique_ptr<SocketServer>> SocketServer::Start(const SocketServerOpti
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* res = nullptr;
-  std::string host = o.host;
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
+  const std::string host = Unbracketed(o.host);
   const std::string port = std::to_string(o.port);
   if (int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &res); rc != 0) {
     return Status::Unavailable("master socket: cannot resolve " + o.host + ": " + gai_strerror(rc));

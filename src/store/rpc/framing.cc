@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "common/bytes.h"
+#include "common/env.h"
 #include "common/fd_passing.h"
 
 namespace ferry::store::framing {
@@ -182,6 +183,11 @@ Result<Frame> Receive(const Format& f, int sock, Deadline first_byte, Millis res
   }
   if (!fds.empty()) out.fd = fds[0];
   return out;
+}
+
+std::chrono::microseconds ReplySpin(const char* env) {
+  return std::chrono::microseconds(
+      env::GetIntIn(env, 0, 10000, std::thread::hardware_concurrency() >= 8 ? 2000 : 0));
 }
 
 }  // namespace ferry::store::framing

@@ -3,7 +3,6 @@
 #include <grpcpp/grpcpp.h>
 
 #include <mutex>
-#include <thread>
 
 #include "common/env.h"
 #include "coord/etcd_client.h"
@@ -114,12 +113,9 @@ Rpc(grpc::Status (pb::Master::Stub::*)(grpc::ClientContext*, const Req&, Resp*),
         master_wire::TypeFor(#method)                                 \
   }
 
-// How long a caller looks for a socket call's reply before it sleeps
-// (FERRY_MASTER_SPIN_US, 0 to 10000, to compare): as attached clients do,
-// on hosts with cores to spare.
+// How long a caller looks for a socket call's reply before it sleeps.
 std::chrono::microseconds SocketSpin() {
-  static const std::chrono::microseconds spin(env::GetIntIn(
-      "FERRY_MASTER_SPIN_US", 0, 10000, std::thread::hardware_concurrency() >= 8 ? 2000 : 0));
+  static const std::chrono::microseconds spin = framing::ReplySpin("FERRY_MASTER_SPIN_US");
   return spin;
 }
 

@@ -1,6 +1,5 @@
 #include "store/rpc/master_socket.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -17,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/host.h"
 #include "store/rpc/master_wire.h"
 
 namespace ferry::store {
@@ -58,10 +58,7 @@ MasterSocket::MasterSocket(std::string host, uint16_t port, std::chrono::microse
 MasterSocket::~MasterSocket() = default;
 
 Result<std::unique_ptr<MasterSocket::Conn>> MasterSocket::Open(Deadline deadline) {
-  std::string host = host_;
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
+  const std::string host = Unbracketed(host_);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;

@@ -7,10 +7,8 @@
 namespace ferry::store::master_wire {
 
 const char* MethodName(uint16_t type) {
-  static constexpr const char* kNames[] = {nullptr, nullptr,         "PutBegin", "PutEnd",
-                                           "Get",   "ReleaseLeases", "Exists",   "Remove",
-                                           "Pin",   "Stats",         "RemoveAll"};
-  return type <= kLastType ? kNames[type] : nullptr;
+  // Each name is a literal, so its data() ends in a NUL.
+  return type >= kFirstMethod && type <= kLastType ? kMethods[type - kFirstMethod].data() : nullptr;
 }
 
 static_assert(TypeFor("PutBegin") == static_cast<uint16_t>(Type::kPutBegin) &&

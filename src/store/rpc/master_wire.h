@@ -53,9 +53,22 @@ inline constexpr uint16_t kLastType = 10;
 inline constexpr framing::Format kFormat{"master",  kMagic,      kVersion,
                                          kLastType, kMaxPayload, kMaxDeadlineMs};
 
-// The method's name, as gRPC and call tokens spell it ("PutEnd"); null for
-// kGreeting and unknown types.
+// The methods by type, from kPutBegin, as gRPC and call tokens spell them.
+inline constexpr std::string_view kMethods[] = {
+    "PutBegin", "PutEnd", "Get", "ReleaseLeases", "Exists", "Remove", "Pin", "Stats", "RemoveAll"};
+inline constexpr uint16_t kFirstMethod = static_cast<uint16_t>(Type::kPutBegin);
+static_assert(kFirstMethod + std::size(kMethods) - 1 == kLastType);
+
+// The method's name ("PutEnd"); null for kGreeting and unknown types.
 const char* MethodName(uint16_t type);
+// The type of the method named `name`, 0 for one that only gRPC serves
+// (Mount, Heartbeat, Unmount, Hello).
+constexpr uint16_t TypeFor(std::string_view name) {
+  for (uint16_t i = 0; i < std::size(kMethods); ++i) {
+    if (kMethods[i] == name) return static_cast<uint16_t>(kFirstMethod + i);
+  }
+  return 0;
+}
 
 // A request's payload. InvalidArgument for a token over kMaxToken.
 Result<std::vector<uint8_t>> EncodeRequest(std::string_view token, std::string_view body);
@@ -67,20 +80,5 @@ Status DecodeRequest(std::span<const uint8_t> payload, std::string_view* token,
 // A failed call's message as payload and back (clipped to kMaxMessage).
 std::vector<uint8_t> MessagePayload(std::string_view message);
 std::string ReplyMessage(std::span<const uint8_t> payload);
-
-}  // namespace ferry::store::master_wire
-
-namespace ferry::store::master_wire {
-
-// The type of the method named `name` ("PutEnd"), 0 for one that only gRPC
-// serves (Mount, Heartbeat, Unmount, Hello).
-constexpr uint16_t TypeFor(std::string_view name) {
-  constexpr std::string_view kNames[] = {"PutBegin", "PutEnd", "Get",   "ReleaseLeases", "Exists",
-                                         "Remove",   "Pin",    "Stats", "RemoveAll"};
-  for (uint16_t i = 0; i < std::size(kNames); ++i) {
-    if (kNames[i] == name) return static_cast<uint16_t>(i + 2);
-  }
-  return 0;
-}
 
 }  // namespace ferry::store::master_wire

@@ -1,6 +1,7 @@
 // One TCP connection of an initiator to a peer's listener. Tasks queue here,
-// up to a window of them (max_in_flight; see Window()) are on the wire at once, and replies are
-// matched in order. All state is touched only on the lane's strand.
+// up to a window of them (max_in_flight; see Window()) are on the wire at
+// once, and replies are matched in order. All state is touched only on the
+// lane's strand.
 //
 // Failure handling: a connect error, a reset, a malformed reply or a passed
 // deadline fails every task the lane holds and closes the socket; the next
