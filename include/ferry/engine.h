@@ -81,6 +81,11 @@ struct EngineOptions {
   // env FERRY_LANDING_THREADS. 0: on the socket threads. -1: one per 4 cores,
   // from 2 up to tcp_lanes.
   int landing_threads = -1;
+  // RegisterMemory makes host memory present and writable before it returns,
+  // so no transfer into it pays a page fault per 4 KiB (up to half the
+  // machine's memory; the bytes are unchanged). Env FERRY_POPULATE_REGISTERED
+  // (0 or 1).
+  bool populate_registered = true;
   std::chrono::milliseconds request_timeout{30000};  // default deadline of a request
   std::chrono::milliseconds connect_timeout{5000};   // connects and descriptor fetches
   // A file holding the cluster secret (mode 0600 or stricter; trailing
@@ -182,10 +187,10 @@ class Engine {
   // etcd, with etcd metadata: NotFound when no such engine is published);
   // blocks up to connect_timeout. InvalidArgument for a malformed name,
   // Unavailable when nobody listens (or etcd does not answer), Timeout when
-  // the peer does not answer in time, ProtocolError for a malformed descriptor or one of another Ferry version,
-  // Unauthenticated when the peer and this engine do not hold the same
-  // cluster secret (a request to such a peer fails the same way).
-  // The engine's own name gives a local segment. Each call opens a new one.
+  // the peer does not answer in time, ProtocolError for a malformed descriptor or one of another
+  // Ferry version, Unauthenticated when the peer and this engine do not hold the same cluster
+  // secret (a request to such a peer fails the same way). The engine's own name gives a local
+  // segment. Each call opens a new one.
   Result<SegmentId> OpenSegment(std::string_view name);
   // The cached descriptor, refreshed first if the peer's epoch was seen to
   // change. NotFound for a segment not open.

@@ -48,6 +48,7 @@ struct BenchArgs {
   std::string peer;         // initiator: the target's segment name
   uint16_t ref_port = 0;    // initiator: the target's raw reference socket
   bool ref_spread = false;  // the raw streams cycle through the batch's bytes
+  int fresh = 0;            // then this many passes, each into target memory set up just before
 };
 int BenchTransfer(const BenchArgs& args);
 

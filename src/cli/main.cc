@@ -140,6 +140,10 @@ int main(int argc, char** argv) {
   bt->add_flag("--ref-spread", b.ref_spread,
                "tcp: the raw streams cycle through as many bytes as the engine's batches "
                "touch, not one block");
+  bt->add_option("--fresh", b.fresh,
+                 "Then time N single passes, each over target memory set up just before it "
+                 "(engine-allocated; registered heap over tcp): what a first transfer costs")
+      ->check(CLI::Range(0, 100));
 
   MasterArgs ma;
   std::string ma_max = "4GiB";

@@ -36,6 +36,9 @@ int Serve(const ServeArgs& args) {
     if (args.prefault) Prefault(p.value(), args.alloc_bytes);
     out["alloc"] = {{"addr", reinterpret_cast<uint64_t>(p.value())}, {"length", args.alloc_bytes}};
   }
+  void* alloc = out.contains("alloc")
+                    ? reinterpret_cast<void*>(out["alloc"]["addr"].get<uint64_t>())
+                    : nullptr;
   void* heap = nullptr;
   if (args.heap_bytes > 0) {
     heap = std::calloc(1, args.heap_bytes);
@@ -65,12 +68,24 @@ int Serve(const ServeArgs& args) {
   // SIGUSR1 registers a new --gpu-alloc buffer, then unregisters the old one,
   // and prints the new one as a JSON line: a peer whose registrations change
   // after segments were opened, for tests. Replaced buffers stay allocated
-  // until exit, as imports of them may still be open elsewhere.
+  // until exit, as imports of them may still be open elsewhere. Without a
+  // GPU buffer it swaps the --alloc one the same way, freeing the old one
+  // (peers' mappings keep its memfd's pages).
   std::vector<void*> retired;
   while (WaitForStopSignal(true) == SIGUSR1) {
     nlohmann::json swapped;
-    if (gpu_mem == nullptr) {
-      swapped["error"] = "no --gpu-alloc buffer to swap";
+    if (gpu_mem == nullptr && alloc != nullptr) {
+      auto p = e.AllocateMemory(args.alloc_bytes);
+      Status st = p.ok() ? e.FreeMemory(alloc) : p.status();
+      if (st.ok()) {
+        alloc = p.value();
+        swapped["alloc"] = {{"addr", reinterpret_cast<uint64_t>(alloc)},
+                            {"length", args.alloc_bytes}};
+      } else {
+        swapped["error"] = st.ToString();
+      }
+    } else if (gpu_mem == nullptr) {
+      swapped["error"] = "no --gpu-alloc or --alloc buffer to swap";
     } else {
       auto g = gpu::AllocDevice(args.gpu_bytes, args.gpu_device);
       Status st = g.ok() ? e.RegisterMemory(g.value(), args.gpu_bytes) : g.status();

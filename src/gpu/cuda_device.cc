@@ -147,7 +147,8 @@ Result<void*> AllocPinned(size_t length) {
 
 void FreePinned(void* p) { cudaFreeHost(p); }
 
-Result<double> CopyBandwidth(int src_device, int dst_device, size_t block, double seconds) {
+Result<double> CopyBandwidth(int src_device, int dst_device, size_t block, double seconds,
+                             int per_sync) {
   if (DeviceCount() == 0) return Status::NotSupported(Describe());
   DeviceGuard guard(src_device >= 0 ? src_device : std::max(dst_device, 0));
   auto alloc = [&](int device, void** p) {
@@ -169,7 +170,7 @@ Result<double> CopyBandwidth(int src_device, int dst_device, size_t block, doubl
     auto t0 = std::chrono::steady_clock::now();
     double elapsed = 0;
     while (err == cudaSuccess && elapsed < seconds) {
-      for (int i = 0; i < 8 && err == cudaSuccess; ++i) {
+      for (int i = 0; i < std::max(per_sync, 1) && err == cudaSuccess; ++i) {
         err = cudaMemcpyAsync(dst, src, block, cudaMemcpyDefault, s);
         bytes += block;
       }

@@ -57,8 +57,11 @@ IpcImportCounts IpcImports();
 
 // The physical reference of GPU benchmarks: GB/s of back-to-back
 // cudaMemcpyAsync of `block` bytes on a private non-blocking stream, between
-// buffers on `src_device` and `dst_device` (-1: page-locked host memory).
-Result<double> CopyBandwidth(int src_device, int dst_device, size_t block, double seconds);
+// buffers on `src_device` and `dst_device` (-1: page-locked host memory),
+// synchronizing after every `per_sync` copies: 8 is a pipeline's rate, 1 the
+// rate of copies each seen complete before the next is issued.
+Result<double> CopyBandwidth(int src_device, int dst_device, size_t block, double seconds,
+                             int per_sync = 8);
 
 // Page-locked host memory (cudaMallocHost), for staging rings made when a
 // segment is opened.

@@ -18,7 +18,7 @@ Result<void*> AllocDevice(size_t, int) { return Status::NotSupported("built with
 void FreeDevice(void*) {}
 Result<void*> AllocPinned(size_t) { return Status::NotSupported("built without CUDA"); }
 void FreePinned(void*) {}
-Result<double> CopyBandwidth(int, int, size_t, double) {
+Result<double> CopyBandwidth(int, int, size_t, double, int) {
   return Status::NotSupported("built without CUDA");
 }
 

@@ -52,7 +52,7 @@ class Engine::Impl {
   explicit Impl(EngineOptions o) : options_(std::move(o)) {}
 
   ~Impl() {
-    if (etcd_) etcd_->Stop();  // withdraws our entry; its watch reaches the peer table
+    if (etcd_) etcd_->Stop();    // withdraws our entry; its watch reaches the peer table
     if (watch_) watch_->Stop();  // its job reaches the peer table
     watch_.reset();
     if (listener_) listener_->Stop();
@@ -97,10 +97,10 @@ class Engine::Impl {
         FERRY_LOG_WARN("stream relay: no staging slots: {}", relay.status().ToString());
       }
     }
-    FERRY_ASSIGN_OR_RETURN(memory_, LocalMemory::Create(has_gpu));
-    const int copy = options_.copy_threads > 0                         ? options_.copy_threads
+    FERRY_ASSIGN_OR_RETURN(memory_, LocalMemory::Create(has_gpu, options_.populate_registered));
+    const int copy = options_.copy_threads > 0                   ? options_.copy_threads
                      : std::thread::hardware_concurrency() >= 16 ? 4
-                                                                   : 2;
+                                                                 : 2;
     copy_pool_ = std::make_unique<ThreadPool>(copy, "ferry-copy");
     ctx_ = std::make_unique<EngineContext>(
         EngineContext{options_, io_, *copy_pool_, memory_->registry(), copier_.get(), key_});
@@ -176,7 +176,7 @@ class Engine::Impl {
 
   Result<SegmentId> OpenSegment(std::string_view name) {
     FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Segment> seg, peers_->Open(name));
-    router_->PreConnectGpu(seg);
+    router_->Prepare(seg);
     return seg->id();
   }
 
@@ -190,8 +190,7 @@ class Engine::Impl {
                                   "' is not supported; use p2p or "
                                   "etcd://host:port[,host:port]/CLUSTER");
     }
-    FERRY_ASSIGN_OR_RETURN(etcd_, EtcdMetadata::Connect(options_.metadata,
-                                                        options_.connect_timeout,
+    FERRY_ASSIGN_OR_RETURN(etcd_, EtcdMetadata::Connect(options_.metadata, options_.connect_timeout,
                                                         options_.metadata_ttl.count()));
     return Status::Ok();
   }
@@ -210,6 +209,7 @@ class Engine::Impl {
     FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_COPY_THREADS", &options_.copy_threads));
     FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_LANDING_THREADS", &options_.landing_threads));
     FERRY_RETURN_IF_ERROR(BoolFromEnv("FERRY_TCP_CHECKSUM", &options_.tcp_checksum));
+    FERRY_RETURN_IF_ERROR(BoolFromEnv("FERRY_POPULATE_REGISTERED", &options_.populate_registered));
     // Read where they are used, later or lazily; checked here so Create refuses them.
     FERRY_RETURN_IF_ERROR(CheckWriteBackEnv());
     return log::CheckLevelEnv();

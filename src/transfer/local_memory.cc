@@ -3,12 +3,17 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
+
+#include "common/log.h"
+#include "common/prefault.h"
 #include "transfer/descriptor.h"
 
 namespace ferry {
 
-Result<std::unique_ptr<LocalMemory>> LocalMemory::Create(bool gpu) {
-  std::unique_ptr<LocalMemory> m(new LocalMemory(gpu));
+Result<std::unique_ptr<LocalMemory>> LocalMemory::Create(bool gpu, bool populate) {
+  std::unique_ptr<LocalMemory> m(new LocalMemory(gpu, populate));
   FERRY_RETURN_IF_ERROR(m->MakeGenerationPage());
   return m;
 }
@@ -55,7 +60,26 @@ Status LocalMemory::Register(void* addr, size_t length) {
     r.kind = info.kind;
     r.device = info.device;
   }
+  if (populate_ && r.kind != gpu::MemoryKind::kDevice) Populate(addr, length);
   return Add(std::move(r), info);
+}
+
+// A first transfer into memory nobody has written faults once per page, in
+// the receiving thread (tcp) or a peer's copy: that cost is paid here, at
+// registration. Not for more than half the machine's memory, which a
+// reservation larger than what is used (MAP_NORESERVE) could otherwise
+// commit whole.
+void LocalMemory::Populate(void* addr, size_t length) {
+  const auto phys =
+      static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  if (length > phys / 2) {
+    FERRY_LOG_INFO("registered {} bytes at {} left unpopulated: more than half of memory", length,
+                   addr);
+    return;
+  }
+  if (!PopulateWritable(addr, length)) {
+    FERRY_LOG_DEBUG("registered memory at {} not populated: {}", addr, std::strerror(errno));
+  }
 }
 
 Status LocalMemory::Unregister(void* addr) {
@@ -74,13 +98,17 @@ Result<void*> LocalMemory::Allocate(size_t length) {
     close(fd);
     return Status::FromErrno(err, "ftruncate");
   }
-  // Populated now, at set-up, so that no transfer into it faults per page.
-  void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
     int err = errno;
     close(fd);
     return Status::FromErrno(err, "mmap");
   }
+  // Populated now, at set-up, so that no transfer into it faults per page;
+  // in huge pages where the kernel grants them, so peers' mappings of it
+  // cost fewer table entries too.
+  AdviseHugePages(p, length);
+  if (!PopulateWritable(p, length)) Prefault(p, length);
   Region r;
   r.addr = reinterpret_cast<uint64_t>(p);
   r.length = length;

@@ -22,8 +22,10 @@ class LocalMemory {
   using Describer = std::function<std::vector<std::string>(const Region&, const gpu::MemoryInfo&)>;
 
   // `gpu`: there is a GPU, so memory is classified and engine memory
-  // page-locked. IoError when the generation page cannot be made.
-  static Result<std::unique_ptr<LocalMemory>> Create(bool gpu);
+  // page-locked. `populate`: registered host memory is made present and
+  // writable at Register (EngineOptions::populate_registered). IoError when
+  // the generation page cannot be made.
+  static Result<std::unique_ptr<LocalMemory>> Create(bool gpu, bool populate = true);
   // Unmaps and closes what the engine allocated, and the generation page.
   ~LocalMemory();
   LocalMemory(const LocalMemory&) = delete;
@@ -46,13 +48,15 @@ class LocalMemory {
   int generation_fd() const { return generation_fd_; }
 
  private:
-  explicit LocalMemory(bool gpu) : gpu_(gpu) {}
+  LocalMemory(bool gpu, bool populate) : gpu_(gpu), populate_(populate) {}
   Status MakeGenerationPage();
   void BumpGeneration() { __atomic_add_fetch(generation_, 1, __ATOMIC_RELEASE); }
   Status Add(Region r, const gpu::MemoryInfo& info);
+  static void Populate(void* addr, size_t length);
   static void ReleaseOwned(const Region& r);
 
   const bool gpu_;
+  const bool populate_;
   Describer describe_;
   MemoryRegistry registry_;
   int generation_fd_ = -1;

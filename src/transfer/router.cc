@@ -77,10 +77,11 @@ Router::Sides Router::GpuSides(const Request& r, int remote_device) const {
   return sides;
 }
 
-void Router::PreConnectGpu(const std::shared_ptr<Segment>& seg) const {
-  if (!gpu_) return;
+void Router::Prepare(const std::shared_ptr<Segment>& seg) const {
   auto d = seg->descriptor();
   if (!d || seg->is_self()) return;
+  if (auto host = Route(seg, false); host.ok()) host.value().endpoint->Warm();
+  if (!gpu_) return;
   auto r = Route(seg, true);
   if (!r.ok()) FERRY_LOG_DEBUG("no GPU path to {}: {}", seg->name(), r.status().ToString());
 }

@@ -53,9 +53,11 @@ class Router {
   Result<TransportSet::Route> Route(const std::shared_ptr<Segment>& seg, bool gpu) const {
     return transports_.RouteTo(seg, gpu);
   }
-  // Makes the GPU path to a newly opened peer (IPC imports, registered
-  // mappings), so no data path opens or registers anything (R4).
-  void PreConnectGpu(const std::shared_ptr<Segment>& seg) const;
+  // Sets up the paths to a newly opened peer: the host path's endpoint,
+  // warmed (Endpoint::Warm: shm maps the peer's buffers), and the GPU path
+  // (IPC imports, registered mappings), so no data path opens or registers
+  // anything (R4).
+  void Prepare(const std::shared_ptr<Segment>& seg) const;
 
   // Whether the segment's memory is this process's: our own segment, or
   // another engine's in this process.

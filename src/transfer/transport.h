@@ -114,6 +114,12 @@ class Endpoint {
     (void)fresh;
     return true;
   }
+  // Sets up ahead of the first request what requests would otherwise set up
+  // on first use (the shm transport maps the peer's buffers), so none pays
+  // for it. Called when the segment is opened; may block briefly on
+  // same-host sockets, never on the network. Best effort: what fails here is
+  // tried again, and reported, by the request that needs it. Optional.
+  virtual void Warm() {}
 };
 
 class Transport {

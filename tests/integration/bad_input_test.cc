@@ -188,9 +188,8 @@ TEST(BadInput, ARequestWithItsStatusByteSetClosesTheConnection) {
     ASSERT_TRUE(c.connected());
     const uint64_t len = op == wire::Opcode::kWrite || op == wire::Opcode::kRead ? 6 : 0;
     uint8_t h[wire::kHeaderSize];
-    wire::EncodeHeader({op, StatusCode::kNotFound, 1, op == wire::Opcode::kHello ? 0 : base + 100,
-                        len},
-                       h);
+    wire::EncodeHeader(
+        {op, StatusCode::kNotFound, 1, op == wire::Opcode::kHello ? 0 : base + 100, len}, h);
     c.Send(h, sizeof(h));
     if (op == wire::Opcode::kWrite) c.Send("poison", 6);
     EXPECT_FALSE(c.ReadHeader().has_value()) << "opcode " << static_cast<int>(op) << " served";
@@ -341,25 +340,27 @@ TEST(BadInput, MalformedDescriptorReplyIsAProtocolError) {
   EXPECT_EQ(s.status().code(), StatusCode::kProtocolError) << s.status().ToString();
 }
 
-// `ferry serve` swaps its GPU buffer on SIGUSR1 (for registration-change
-// tests). Without one it says so, and keeps serving what it has.
-TEST(ServeControl, SwapWithoutAGpuBufferIsAClearErrorAndChangesNothing) {
-  auto peer = test::StartPeer(1 << 20, 0);
+// `ferry serve` swaps its GPU or memfd buffer on SIGUSR1 (for
+// registration-change tests). With neither it says so, and keeps serving what
+// it has.
+TEST(ServeControl, SwapWithNothingToSwapIsAClearErrorAndChangesNothing) {
+  auto peer = test::StartPeer(0, 1 << 20);
   ASSERT_TRUE(peer.ok()) << peer.status().ToString();
   ASSERT_TRUE(peer.value().proc->Signal(SIGUSR1).ok());
   auto line = peer.value().proc->ReadLine(std::chrono::seconds(10));
   ASSERT_TRUE(line.ok()) << line.status().ToString();
-  EXPECT_NE(line.value().find("no --gpu-alloc buffer to swap"), std::string::npos) << line.value();
+  EXPECT_NE(line.value().find("no --gpu-alloc or --alloc buffer to swap"), std::string::npos)
+      << line.value();
   auto e = Engine::Create({});
   ASSERT_TRUE(e.ok());
   auto seg = e.value()->OpenSegment(peer.value().segment);
   ASSERT_TRUE(seg.ok());
   std::vector<char> out(4096, 0x3c), in(4096, 0);
   ASSERT_TRUE(e.value()
-                  ->Transfer({Op::kWrite, out.data(), seg.value(), peer.value().alloc_addr, 4096})
+                  ->Transfer({Op::kWrite, out.data(), seg.value(), peer.value().heap_addr, 4096})
                   .ok());
   ASSERT_TRUE(
-      e.value()->Transfer({Op::kRead, in.data(), seg.value(), peer.value().alloc_addr, 4096}).ok());
+      e.value()->Transfer({Op::kRead, in.data(), seg.value(), peer.value().heap_addr, 4096}).ok());
   EXPECT_EQ(in, out);
 }
 

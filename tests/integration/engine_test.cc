@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -17,7 +18,9 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "common/subprocess.h"
 #include "common/thread_pool.h"
@@ -350,31 +353,96 @@ TEST(Registrations, SubmitsToAPeerThatKeepsRegisteringSucceed) {
   EXPECT_EQ(stable[4095], 0x5c);
 }
 
+// Pages of [p, p+n) resident, by mincore.
+size_t ResidentPages(void* p, size_t n) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> v((n + page - 1) / page);
+  if (mincore(p, n, v.data()) != 0) return 0;
+  return static_cast<size_t>(
+      std::count_if(v.begin(), v.end(), [](unsigned char c) { return c & 1; }));
+}
+
+// Registered host memory is made present at registration (issue 16, point 5),
+// so a first transfer into it does not fault once per page, and its bytes are
+// left as they were. FERRY_POPULATE_REGISTERED=0 leaves it alone, and a value
+// other than 0 or 1 is refused.
+TEST(Registrations, HostMemoryIsPopulatedAtRegistrationAndUnchanged) {
+  const size_t n = 8 << 20, page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  for (const char* knob : {"", "0"}) {
+    SCOPED_TRACE(std::string("FERRY_POPULATE_REGISTERED='") + knob + "'");
+    if (*knob != 0) setenv("FERRY_POPULATE_REGISTERED", knob, 1);
+    auto e = Engine::Create({});
+    unsetenv("FERRY_POPULATE_REGISTERED");
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    auto* p = static_cast<char*>(
+        mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    ASSERT_NE(p, MAP_FAILED);
+    madvise(p, n, MADV_NOHUGEPAGE);  // so one write makes one page resident
+    std::memset(p, 0x5a, page);      // one page written before, to stay as it was
+    ASSERT_EQ(ResidentPages(p, n), 1u);
+    ASSERT_TRUE(e.value()->RegisterMemory(p, n).ok());
+    EXPECT_EQ(ResidentPages(p, n), *knob == 0 ? n / page : 1u);
+    EXPECT_EQ(std::count(p, p + page, 0x5a), static_cast<long>(page));
+    EXPECT_EQ(std::count(p + page, p + n, 0), static_cast<long>(n - page));
+    ASSERT_TRUE(e.value()->UnregisterMemory(p).ok());
+    munmap(p, n);
+  }
+  setenv("FERRY_POPULATE_REGISTERED", "2", 1);
+  auto bad = Engine::Create({});
+  unsetenv("FERRY_POPULATE_REGISTERED");
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+}
+
 // ---- the bench command ----
+
+// Runs `ferry bench transfer` with `args` and --json: its JSON line, once it
+// has exited 0.
+void RunBench(std::vector<std::string> args, nlohmann::json* j) {
+  args.insert(args.begin(), {test::FerryBin(), "bench", "transfer"});
+  args.push_back("--json");
+  auto p = Subprocess::Spawn(args, true);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  for (int i = 0; i < 10 && j->is_null(); ++i) {
+    auto line = p.value()->ReadLine(seconds(60));
+    ASSERT_TRUE(line.ok()) << line.status().ToString();
+    if (!line.value().empty() && line.value()[0] == '{') *j = nlohmann::json::parse(line.value());
+  }
+  ASSERT_FALSE(j->is_null());
+  auto rc = p.value()->Wait(seconds(30));
+  ASSERT_TRUE(rc.ok());
+  EXPECT_EQ(rc.value(), 0);
+}
 
 // `ferry bench transfer` end to end: a target and an initiator process, the
 // engine's figure, and the raw reference with one TCP stream per engine lane.
 TEST(BenchCommand, ReportsTheEngineAgainstRawStreamsOfTheSameParallelism) {
-  auto p = Subprocess::Spawn(
-      {test::FerryBin(), "bench", "transfer", "--transport", "tcp", "--op", "read", "--block-size",
-       "65536", "--batch-size", "4", "--duration", "0.3", "--json"},
-      true);
-  ASSERT_TRUE(p.ok()) << p.status().ToString();
   nlohmann::json j;
-  for (int i = 0; i < 10 && j.is_null(); ++i) {
-    auto line = p.value()->ReadLine(seconds(60));
-    ASSERT_TRUE(line.ok()) << line.status().ToString();
-    if (!line.value().empty() && line.value()[0] == '{') j = nlohmann::json::parse(line.value());
-  }
-  ASSERT_FALSE(j.is_null());
+  ASSERT_NO_FATAL_FAILURE(RunBench({"--transport", "tcp", "--op", "read", "--block-size", "65536",
+                                    "--batch-size", "4", "--duration", "0.3"},
+                                   &j));
   EXPECT_EQ(j["transport"], "tcp");
   EXPECT_GT(j["gbps"].get<double>(), 0);
   EXPECT_EQ(j["reference"], "tcp_streams");
   EXPECT_EQ(j["reference_streams"].get<int>(), EngineOptions{}.tcp_lanes);
   EXPECT_GT(j["reference_gbps"].get<double>(), 0) << "the raw streams failed";
-  auto rc = p.value()->Wait(seconds(30));
-  ASSERT_TRUE(rc.ok());
-  EXPECT_EQ(rc.value(), 0);
+}
+
+// --fresh: single passes over target memory set up just before each, for
+// shm (engine-allocated) and tcp (registered anonymous memory), reported
+// beside the steady figure and against the same reference.
+TEST(BenchCommand, FreshPassesAreTimedOverNewTargetMemory) {
+  for (const char* transport : {"shm", "tcp"}) {
+    SCOPED_TRACE(transport);
+    nlohmann::json j;
+    ASSERT_NO_FATAL_FAILURE(RunBench({"--transport", transport, "--block-size", "1MiB",
+                                      "--batch-size", "4", "--duration", "0.2", "--fresh", "3"},
+                                     &j));
+    EXPECT_EQ(j["transport"], transport);
+    EXPECT_EQ(j["fresh_runs"].get<int>(), 3);
+    EXPECT_EQ(j["fresh_gbps_all"].size(), 3u);
+    EXPECT_GT(j["fresh_gbps"].get<double>(), 0);
+    EXPECT_GT(j["fresh_ratio"].get<double>(), 0);
+  }
 }
 
 // ---- transport selection ----

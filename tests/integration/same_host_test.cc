@@ -1,7 +1,8 @@
 // Same-host peers that forbid tracing (issue 18, point 3): a non-dumpable
 // peer's memfds come over its memfd socket, heap memory of such a peer goes
 // over tcp, a peer of another uid is refused shm, and the memfd socket
-// closes only the connection of a bad request.
+// closes only the connection of a bad request. And same-host set-up costs
+// (issue 16, point 5): a peer's buffers are mapped before any request.
 #include <gtest/gtest.h>
 #include <linux/capability.h>
 #include <poll.h>
@@ -17,7 +18,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <map>
 #include <thread>
 
 #include "common/fd_passing.h"
@@ -340,6 +344,73 @@ TEST(MemfdSocket, BadRequestsCloseOnlyTheirConnection) {
   auto s = other.value()->OpenSegment(owner.value()->name());
   ASSERT_TRUE(s.ok());
   auto served = RoundTrip(*other.value(), s.value(), addr + 100, 4096);
+  EXPECT_EQ(served.first, "shm");
+  EXPECT_EQ(served.second, "shm");
+}
+
+// ---- first touch paid at set-up (issue 16, point 5) ----
+
+// The memfd inodes `pid` maps, by the address each mapping starts at.
+std::map<uint64_t, uint64_t> MemfdMappings(pid_t pid) {
+  std::map<uint64_t, uint64_t> out;
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    if (line.find("/memfd:ferry-segment") == std::string::npos) continue;
+    unsigned long long start, end, offset, inode;
+    char perms[8], dev[16];
+    if (std::sscanf(line.c_str(), "%llx-%llx %7s %llx %15s %llu", &start, &end, perms, &offset, dev,
+                    &inode) == 6) {
+      out[start] = inode;
+    }
+  }
+  return out;
+}
+
+bool MapsInode(pid_t pid, uint64_t inode) {
+  for (const auto& [start, i] : MemfdMappings(pid)) {
+    if (i == inode) return true;
+  }
+  return false;
+}
+
+// A same-host peer's engine-allocated buffers are mapped when its segment is
+// opened, and one it allocates later as soon as the engine follows the
+// registration, never by the first request into them: that would pay the
+// mapping and its page-table fill per request (several ms per 64 MiB on a
+// VM). A buffer the peer frees is unmapped here once followed.
+TEST(SetUpCosts, APeersBuffersAreMappedAtOpenAndWhenItAllocatesMore) {
+  auto peer = test::StartPeer(4 << 20, 0);
+  ASSERT_TRUE(peer.ok()) << peer.status().ToString();
+  const pid_t owner = peer.value().proc->pid();
+  const uint64_t first = MemfdMappings(owner)[peer.value().alloc_addr];
+  ASSERT_NE(first, 0u) << "the peer's buffer is not a memfd mapping";
+  auto e = Engine::Create({});
+  ASSERT_TRUE(e.ok());
+  ASSERT_FALSE(MapsInode(getpid(), first));
+  auto s = e.value()->OpenSegment(peer.value().segment);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_TRUE(MapsInode(getpid(), first)) << "not mapped when the segment was opened";
+
+  ASSERT_TRUE(peer.value().proc->Signal(SIGUSR1).ok());
+  auto line = peer.value().proc->ReadLine(seconds(10));
+  ASSERT_TRUE(line.ok()) << line.status().ToString();
+  unsigned long long next_addr = 0;
+  const size_t at = line.value().find("\"addr\":");
+  ASSERT_NE(at, std::string::npos) << line.value();
+  ASSERT_EQ(std::sscanf(line.value().c_str() + at, "\"addr\":%llu", &next_addr), 1);
+  const uint64_t next = MemfdMappings(owner)[next_addr];
+  ASSERT_NE(next, 0u);
+  auto followed = [&] {
+    auto info = e.value()->GetSegmentInfo(s.value());
+    return info.ok() && info.value().buffers.size() == 1 &&
+           info.value().buffers[0].addr == next_addr;
+  };
+  for (int i = 0; i < 1000 && !followed(); ++i) std::this_thread::sleep_for(milliseconds(5));
+  ASSERT_TRUE(followed()) << "the engine did not follow the peer's new buffer";
+  EXPECT_TRUE(MapsInode(getpid(), next)) << "the new buffer is not mapped before a request";
+  EXPECT_FALSE(MapsInode(getpid(), first)) << "the freed buffer is still mapped";
+  auto served = RoundTrip(*e.value(), s.value(), next_addr + 4096, 64 << 10);
   EXPECT_EQ(served.first, "shm");
   EXPECT_EQ(served.second, "shm");
 }

@@ -104,17 +104,16 @@ class ShmEndpoint : public Endpoint, public std::enable_shared_from_this<ShmEndp
               std::weak_ptr<Segment> segment, std::string name, const char* transport,
               Access access, Millis timeout)
       : pool_(pool),
-        desc_(std::move(desc)),
         segment_(std::move(segment)),
         name_(std::move(name)),
         transport_(transport),
         access_(access),
-        timeout_(timeout) {
+        timeout_(timeout),
+        desc_(std::move(desc)) {
     pidfd_ = static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(desc_->pid), 0));
   }
 
   ~ShmEndpoint() override {
-    for (auto& [addr, m] : maps_) munmap(m.base, m.length);
     if (pidfd_ >= 0) close(pidfd_);
   }
 
@@ -126,74 +125,132 @@ class ShmEndpoint : public Endpoint, public std::enable_shared_from_this<ShmEndp
 
   void Close() override { closed_.store(true, std::memory_order_release); }
 
-  // Buffers are mapped on first use from the descriptor the endpoint was made
-  // with; a fresh endpoint maps from the fresh one.
-  bool Follow(const SegmentDescriptor&) override { return false; }
+  // Maps every memfd buffer of the descriptor now, so no request pays for
+  // the mapping (and its page-table fill, several milliseconds per 64 MiB on
+  // a VM). Best effort: a buffer that cannot be mapped now is tried again
+  // by its first request, which reports why.
+  void Warm() override {
+    if (!access_.fds) return;
+    const auto desc = Descriptor();
+    for (const RegionDesc& r : desc->regions) {
+      if (const int32_t memfd = DecodeMemfd(desc->BlobOf(r, transport_)); memfd >= 0) {
+        (void)Map(*desc, r, memfd);
+      }
+    }
+  }
+
+  // Follows registrations of the same process, mapping new buffers before
+  // any request sees them: the watch calls this when the owner's generation
+  // moves. Mappings of buffers gone from `fresh` are released once the
+  // copies through them are done. A change in how the owner may be reached
+  // drops the endpoint instead.
+  bool Follow(const SegmentDescriptor& fresh) override {
+    std::string why;
+    const Access a = Assess(fresh, transport_, &why);
+    if (a.fds != access_.fds || a.process_vm != access_.process_vm || !a.reach) return false;
+    auto next = std::make_shared<const SegmentDescriptor>(fresh);
+    {
+      std::lock_guard lk(mu_);
+      if (desc_->epoch != fresh.epoch) return false;
+      desc_ = next;
+      std::erase_if(maps_, [&](const auto& m) {
+        const RegionDesc* r = fresh.Find(m.first, 1);
+        return r == nullptr || r->addr != m.first || r->serial != m.second->serial;
+      });
+    }
+    Warm();
+    return true;
+  }
 
  private:
+  // A peer's memfd, mapped; unmapped when the last copy through it is done.
   struct Mapping {
     char* base = nullptr;
     uint64_t length = 0;
+    uint64_t serial = 0;
+    ~Mapping() { munmap(base, length); }
   };
+
+  std::shared_ptr<const SegmentDescriptor> Descriptor() const {
+    std::lock_guard lk(mu_);
+    return desc_;
+  }
 
   Status Run(const Task& t) {
     FERRY_RETURN_IF_ERROR(CheckRunnable(t, closed_.load(std::memory_order_acquire)));
-    if (PeerGone()) {
+    const auto desc = Descriptor();
+    if (PeerGone(*desc)) {
       if (auto seg = segment_.lock()) seg->MarkStale();
-      return Status::ConnectionLost(name_ + " (pid " + std::to_string(desc_->pid) + ") has exited");
+      return Status::ConnectionLost(name_ + " (pid " + std::to_string(desc->pid) + ") has exited");
     }
-    const RegionDesc* r = desc_->Find(t.remote, t.length);
+    const RegionDesc* r = desc->Find(t.remote, t.length);
     if (r == nullptr) {
       return Status::OutOfRange(
           fmt::format("0x{:x}+{} is not registered at {}", t.remote, t.length, name_));
     }
-    if (const int32_t memfd = DecodeMemfd(desc_->BlobOf(*r, transport_));
+    if (const int32_t memfd = DecodeMemfd(desc->BlobOf(*r, transport_));
         memfd >= 0 && access_.fds) {
-      auto base = Map(*r, memfd);
-      if (base.ok()) {
-        CopyTask(t, base.value() + (t.remote - r->addr));
+      auto m = Map(*desc, *r, memfd);
+      if (m.ok()) {
+        CopyTask(t, m.value()->base + (t.remote - r->addr));
         return Status::Ok();
       }
-      if (base.status().code() == StatusCode::kNotFound) {
+      if (m.status().code() == StatusCode::kNotFound) {
         if (auto seg = segment_.lock()) seg->MarkStale();  // freed since: refetch
-        return base.status();
+        return m.status();
       }
-      if (!access_.process_vm) return base.status();
+      if (!access_.process_vm) return m.status();
       // Otherwise the same bytes go through process_vm.
     }
     if (!access_.process_vm) {
       // CanReach said otherwise of the descriptor this endpoint was made from.
-      return Status::Unavailable(
-          fmt::format("0x{:x}+{} at {} is not memfd memory that shm can map", t.remote, t.length,
-                      name_));
+      return Status::Unavailable(fmt::format("0x{:x}+{} at {} is not memfd memory that shm can map",
+                                             t.remote, t.length, name_));
     }
-    return CrossProcess(t);
+    return CrossProcess(t, desc->pid);
   }
 
-  bool PeerGone() const {
+  bool PeerGone(const SegmentDescriptor& d) const {
     if (pidfd_ >= 0) {
       pollfd p{pidfd_, POLLIN, 0};
       return poll(&p, 1, 0) > 0;
     }
-    return kill(static_cast<pid_t>(desc_->pid), 0) != 0 && errno == ESRCH;
+    return kill(static_cast<pid_t>(d.pid), 0) != 0 && errno == ESRCH;
   }
 
-  Result<char*> Map(const RegionDesc& r, int32_t memfd) {
+  // The mapping of region `r` of `desc`, made on first use. It is made
+  // outside the lock, so requests to buffers already mapped never wait for
+  // it; of two made at once, one is kept.
+  Result<std::shared_ptr<const Mapping>> Map(const SegmentDescriptor& desc, const RegionDesc& r,
+                                             int32_t memfd) {
+    {
+      std::lock_guard lk(mu_);
+      auto it = maps_.find(r.addr);
+      if (it != maps_.end() && it->second->serial == r.serial) return it->second;
+    }
+    FERRY_ASSIGN_OR_RETURN(char* p,
+                           MapPeerMemfd(desc, {memfd, r.addr, r.serial, r.length}, timeout_));
+    auto m = std::make_shared<Mapping>();
+    m->base = p;
+    m->length = r.length;
+    m->serial = r.serial;
     std::lock_guard lk(mu_);
     auto it = maps_.find(r.addr);
-    if (it != maps_.end()) return it->second.base;
-    FERRY_ASSIGN_OR_RETURN(char* p,
-                           MapPeerMemfd(*desc_, {memfd, r.addr, r.serial, r.length}, timeout_));
-    maps_[r.addr] = {p, r.length};
-    return p;
+    if (it != maps_.end() && it->second->serial == r.serial) return it->second;
+    // Only a buffer the current descriptor still lists is kept for later.
+    if (const RegionDesc* now = desc_->Find(r.addr, 1);
+        now != nullptr && now->addr == r.addr && now->serial == r.serial) {
+      maps_[r.addr] = m;
+    }
+    return std::shared_ptr<const Mapping>(std::move(m));
   }
 
-  Status CrossProcess(const Task& t) {
+  Status CrossProcess(const Task& t, uint32_t owner_pid) {
     uint64_t done = 0;
     while (done < t.length) {
       iovec local{t.local + done, t.length - done};
       iovec remote{reinterpret_cast<void*>(t.remote + done), t.length - done};
-      pid_t pid = static_cast<pid_t>(desc_->pid);
+      pid_t pid = static_cast<pid_t>(owner_pid);
       ssize_t n = t.op == Op::kWrite ? process_vm_writev(pid, &local, 1, &remote, 1, 0)
                                      : process_vm_readv(pid, &local, 1, &remote, 1, 0);
       if (n < 0) {
@@ -213,16 +270,17 @@ class ShmEndpoint : public Endpoint, public std::enable_shared_from_this<ShmEndp
   }
 
   ThreadPool& pool_;
-  const std::shared_ptr<const SegmentDescriptor> desc_;
   const std::weak_ptr<Segment> segment_;
   const std::string name_;
   const char* const transport_;  // our registered name: whose blobs to read
   const Access access_;
   const Millis timeout_;  // for each memfd request
+  mutable std::mutex mu_;
+  std::shared_ptr<const SegmentDescriptor> desc_;  // guarded by mu_; same epoch throughout
   int pidfd_ = -1;
   std::atomic<bool> closed_{false};
-  std::mutex mu_;
-  std::map<uint64_t, Mapping> maps_;  // by remote region address; guarded by mu_
+  // By remote region address; guarded by mu_.
+  std::map<uint64_t, std::shared_ptr<const Mapping>> maps_;
 };
 
 class ShmTransport : public Transport {
