@@ -77,16 +77,27 @@ void ServeReference(int lfd, FreshSource fresh) {
   }
 }
 
-// Asks the target for fresh memory of `bytes`; its address, 0 on failure.
-uint64_t AskFresh(const std::string& host, uint16_t port, uint64_t bytes) {
+// A connection to the target's reference socket, -1 on failure.
+int ConnectReference(const std::string& host, uint16_t port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(port);
   inet_pton(AF_INET, host.c_str(), &a.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Asks the target for fresh memory of `bytes`; its address, 0 on failure.
+uint64_t AskFresh(const std::string& host, uint16_t port, uint64_t bytes) {
+  const int fd = ConnectReference(host, port);
+  if (fd < 0) return 0;
   uint64_t cmd[4] = {kRefFresh, bytes, 0, 0}, addr = 0;
-  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-                  WriteAll(fd, cmd, sizeof(cmd)) && ReadAll(fd, &addr, sizeof(addr));
+  const bool ok = WriteAll(fd, cmd, sizeof(cmd)) && ReadAll(fd, &addr, sizeof(addr));
   close(fd);
   return ok ? addr : 0;
 }
@@ -97,15 +108,8 @@ uint64_t AskFresh(const std::string& host, uint16_t port, uint64_t bytes) {
 // block. False on any socket error.
 bool ReferenceStream(const std::string& host, uint16_t port, bool write, uint64_t total,
                      uint64_t block, uint64_t spread) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  inet_pton(AF_INET, host.c_str(), &a.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    close(fd);
-    return false;
-  }
+  const int fd = ConnectReference(host, port);
+  if (fd < 0) return false;
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   block = std::min<uint64_t>(block, 1ull << 30);

@@ -27,18 +27,17 @@ int Serve(const ServeArgs& args) {
   if (!engine) return 1;
   Engine& e = *engine;
   nlohmann::json out = {{"segment", e.name()}, {"epoch", e.epoch()}, {"pid", getpid()}};
+  void* alloc = nullptr;
   if (args.alloc_bytes > 0) {
     auto p = e.AllocateMemory(args.alloc_bytes);
     if (!p.ok()) {
       std::fprintf(stderr, "ferry serve: %s\n", p.status().ToString().c_str());
       return 1;
     }
-    if (args.prefault) Prefault(p.value(), args.alloc_bytes);
-    out["alloc"] = {{"addr", reinterpret_cast<uint64_t>(p.value())}, {"length", args.alloc_bytes}};
+    alloc = p.value();
+    if (args.prefault) Prefault(alloc, args.alloc_bytes);
+    out["alloc"] = {{"addr", reinterpret_cast<uint64_t>(alloc)}, {"length", args.alloc_bytes}};
   }
-  void* alloc = out.contains("alloc")
-                    ? reinterpret_cast<void*>(out["alloc"]["addr"].get<uint64_t>())
-                    : nullptr;
   void* heap = nullptr;
   if (args.heap_bytes > 0) {
     heap = std::calloc(1, args.heap_bytes);

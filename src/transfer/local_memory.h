@@ -25,7 +25,7 @@ class LocalMemory {
   // page-locked. `populate`: registered host memory is made present and
   // writable at Register (EngineOptions::populate_registered). IoError when
   // the generation page cannot be made.
-  static Result<std::unique_ptr<LocalMemory>> Create(bool gpu, bool populate = true);
+  static Result<std::unique_ptr<LocalMemory>> Create(bool gpu, bool populate);
   // Unmaps and closes what the engine allocated, and the generation page.
   ~LocalMemory();
   LocalMemory(const LocalMemory&) = delete;
