@@ -164,6 +164,22 @@ double ReferenceMemcpy(uint64_t block, double seconds) {
   return static_cast<double>(bytes) / SecondsSince(t0) / 1e9;
 }
 
+// The bench's host buffer of `bytes` on `e`: engine-allocated, or with
+// --memory heap anonymous memory advised to huge pages (where the kernel's
+// transparent_hugepage setting is madvise or always), registered.
+Result<void*> HostBuffer(Engine& e, const BenchArgs& a, uint64_t bytes) {
+  if (a.memory != "heap") return e.AllocateMemory(bytes);
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return Status::ResourceExhausted("mmap of the bench buffer failed");
+  madvise(p, bytes, MADV_HUGEPAGE);
+  Status st = e.RegisterMemory(p, bytes);
+  if (!st.ok()) {
+    munmap(p, bytes);
+    return st;
+  }
+  return p;
+}
+
 uint64_t RegionBytes(const BenchArgs& a) {
   return a.block_size * static_cast<uint64_t>(a.batch_size) * static_cast<uint64_t>(a.threads);
 }
@@ -181,7 +197,7 @@ int RunTarget(const BenchArgs& a, uint64_t bytes) {
       if (!st.ok()) mem = st;
     }
   } else {
-    mem = engine->AllocateMemory(bytes);
+    mem = HostBuffer(*engine, a, bytes);
   }
   if (!mem.ok()) {
     std::fprintf(stderr, "bench target: %s\n", mem.status().ToString().c_str());
@@ -286,7 +302,7 @@ int RunInitiator(const BenchArgs& a) {
       if (!st.ok()) local = st;
     }
   } else {
-    local = e.AllocateMemory(local_bytes);
+    local = HostBuffer(e, a, local_bytes);
     if (local.ok()) std::memset(local.value(), 7, local_bytes);
   }
   if (!local.ok()) {
@@ -453,6 +469,7 @@ int RunInitiator(const BenchArgs& a) {
                         {"reference", ref_name},
                         {"reference_streams", ref_streams},
                         {"reference_spread", a.ref_spread},
+                        {"memory", a.memory},
                         {"reference_gbps", ref},
                         {"ratio", ratio}};
     if (ref_each > 0) {
@@ -483,6 +500,7 @@ std::vector<std::string> CommonArgs(const BenchArgs& a) {
   if (a.gpu_dst >= 0) args.insert(args.end(), {"--gpu-dst", std::to_string(a.gpu_dst)});
   if (a.ref_spread) args.push_back("--ref-spread");
   if (a.fresh > 0) args.insert(args.end(), {"--fresh", std::to_string(a.fresh)});
+  args.insert(args.end(), {"--memory", a.memory});
   return args;
 }
 

@@ -49,6 +49,7 @@ struct BenchArgs {
   uint16_t ref_port = 0;    // initiator: the target's raw reference socket
   bool ref_spread = false;  // the raw streams cycle through the batch's bytes
   int fresh = 0;            // then this many passes, each into target memory set up just before
+  std::string memory = "engine";  // host buffers: engine-allocated, or registered heap ("heap")
 };
 int BenchTransfer(const BenchArgs& args);
 

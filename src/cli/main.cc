@@ -144,6 +144,10 @@ int main(int argc, char** argv) {
                  "Then time N single passes, each over target memory set up just before it "
                  "(engine-allocated; registered heap over tcp): what a first transfer costs")
       ->check(CLI::Range(0, 100));
+  bt->add_option("--memory", b.memory,
+                 "Host buffers on both sides: engine (AllocateMemory, memfd) or heap (anonymous "
+                 "memory advised to huge pages, registered)")
+      ->check(CLI::IsMember({"engine", "heap"}));
 
   MasterArgs ma;
   std::string ma_max = "4GiB";

@@ -9,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/env.h"
+#include "common/log.h"
 #include "common/poll_pacer.h"
 #include "common/thread_name.h"
 #include "gpu/copier.h"
@@ -32,8 +34,6 @@ struct DevicePool {
 };
 
 constexpr int kStreamsPerDevice = 4;
-// CopyManyAsync spreads a batch of at least this many bytes over the streams.
-constexpr size_t kSpreadBytes = 32ull << 20;
 constexpr int kEventsPerDevice = 256;
 
 // The device of a caller's stream. The default and per-thread handles belong
@@ -153,33 +153,40 @@ class CudaCopier : public Copier {
     DeviceGuard guard(device);
     size_t bytes = 0;
     for (const Copy& c : copies) bytes += c.length;
-    const size_t n = bytes >= kSpreadBytes ? std::min(pool.streams.size(), copies.size()) : 1;
+    const size_t n = bytes >= spread_bytes_ ? std::min(pool.streams.size(), copies.size()) : 1;
     const size_t first = pool.next.fetch_add(n);
-    std::vector<std::vector<std::function<void(const Status&)>>> dones(n);
-    std::vector<bool> waited(n, ready == nullptr);
-    for (size_t i = 0; i < copies.size(); ++i) {
-      const size_t k = i % n;
+    // Stream k takes copies k, k+n, k+2n, ...: a large batch's copies overlap.
+    std::vector<std::vector<size_t>> share(n);
+    for (size_t i = 0; i < copies.size(); ++i) share[i % n].push_back(i);
+    for (size_t k = 0; k < n; ++k) {
+      if (share[k].empty()) continue;
       cudaStream_t s = pool.streams[(first + k) % pool.streams.size()];
-      cudaError_t err = cudaSuccess;
-      if (!waited[k]) {
-        err = cudaStreamWaitEvent(s, ready->event, 0);
-        waited[k] = err == cudaSuccess;
-      }
-      if (err == cudaSuccess) {
-        err = cudaMemcpyAsync(copies[i].dst, copies[i].src, copies[i].length, cudaMemcpyDefault, s);
+      cudaError_t err = ready ? cudaStreamWaitEvent(s, ready->event, 0) : cudaSuccess;
+      std::vector<std::function<void(const Status&)>> dones;
+      if (err == cudaSuccess && batch_copies_ && share[k].size() > 1) {
+        err = EnqueueBatch(copies, share[k], s);
+        if (err == cudaSuccess) {
+          for (size_t i : share[k]) dones.push_back(std::move(copies[i].done));
+        }
+      } else if (err == cudaSuccess) {
+        for (size_t i : share[k]) {
+          const Copy& c = copies[i];
+          cudaError_t e = cudaMemcpyAsync(c.dst, c.src, c.length, cudaMemcpyDefault, s);
+          if (e != cudaSuccess) {
+            copies[i].done(CudaError(e, "enqueueing a GPU copy"));
+          } else {
+            dones.push_back(std::move(copies[i].done));
+          }
+        }
       }
       if (err != cudaSuccess) {
-        copies[i].done(CudaError(err, "enqueueing a GPU copy"));
+        for (size_t i : share[k]) copies[i].done(CudaError(err, "enqueueing GPU copies"));
         continue;
       }
-      dones[k].push_back(std::move(copies[i].done));
-    }
-    for (size_t k = 0; k < n; ++k) {
-      if (dones[k].empty()) continue;
-      Track(pool.streams[(first + k) % pool.streams.size()], device, ready,
-            [each = std::move(dones[k])](const Status& st) {
-              for (const auto& done : each) done(st);
-            });
+      if (dones.empty()) continue;
+      Track(s, device, ready, [each = std::move(dones)](const Status& st) {
+        for (const auto& done : each) done(st);
+      });
     }
   }
 
@@ -233,6 +240,42 @@ class CudaCopier : public Copier {
   static Status DriverStatus(CUresult r, const char* what) {
     if (r == CUDA_SUCCESS) return Status::Ok();
     return Status::Internal(std::string(what) + " failed: CUresult " + std::to_string(r));
+  }
+
+  // The copies `which` of `copies` on `s` in one cudaMemcpyBatchAsync: one
+  // call where a cudaMemcpyAsync each costs the submitting thread a few
+  // microseconds, which is what bounds a batch of small device copies. A
+  // driver that refuses the call turns batching off for the process, and the
+  // copies go one at a time. Should it have enqueued some before refusing,
+  // those run twice, the same bytes to the same place before any is
+  // reported done.
+  cudaError_t EnqueueBatch(const std::vector<Copy>& copies, const std::vector<size_t>& which,
+                           cudaStream_t s) {
+    std::vector<void*> dsts;
+    std::vector<const void*> srcs;
+    std::vector<size_t> sizes;
+    for (size_t i : which) {
+      dsts.push_back(copies[i].dst);
+      srcs.push_back(copies[i].src);
+      sizes.push_back(copies[i].length);
+    }
+    cudaMemcpyAttributes attr{};
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    size_t attr_from = 0;
+    cudaError_t err = cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), which.size(),
+                                           &attr, &attr_from, 1, s);
+    if (err == cudaSuccess) return err;
+    cudaGetLastError();
+    if (batch_copies_.exchange(false)) {
+      FERRY_LOG_WARN("GPU copies go one at a time: cudaMemcpyBatchAsync: {}",
+                     cudaGetErrorString(err));
+    }
+    for (size_t i : which) {
+      const Copy& c = copies[i];
+      err = cudaMemcpyAsync(c.dst, c.src, c.length, cudaMemcpyDefault, s);
+      if (err != cudaSuccess) return err;
+    }
+    return cudaSuccess;
   }
 
   struct Pending {
@@ -343,6 +386,13 @@ class CudaCopier : public Copier {
   std::thread poller_;
   WaitValueFn wait_value_ = nullptr;
   WriteValueFn write_value_ = nullptr;
+  // FERRY_COPY_BATCH (default 1): a stream's share of a batch of copies is
+  // enqueued in one call (EnqueueBatch); 0 enqueues each copy alone.
+  std::atomic<bool> batch_copies_{env::GetIntIn("FERRY_COPY_BATCH", 0, 1, 1) == 1};
+  // FERRY_COPY_SPREAD_MIB (default 32): CopyManyAsync spreads a batch of at
+  // least this many MiB over the device's streams; smaller ones take one.
+  const size_t spread_bytes_ =
+      static_cast<size_t>(env::GetIntIn("FERRY_COPY_SPREAD_MIB", 1, 1 << 16, 32)) << 20;
 };
 
 }  // namespace

@@ -1,10 +1,14 @@
-// A batch's bookkeeping: counts and the first error.
+// A batch's bookkeeping: counts and the first error; and the queue a peer's
+// tcp lanes take its tasks from.
+#include "transfer/batch.h"
+
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <vector>
 
 #include "ferry/status.h"
-#include "transfer/batch.h"
+#include "transfer/tcp/lane.h"
 
 namespace ferry {
 namespace {
@@ -31,6 +35,88 @@ TEST(BatchState, CountsTasksAndReportsTheFirstError) {
   EXPECT_EQ(b->Result(5).transport, kNoTransport);
   EXPECT_EQ(b->Result(5).status.code(), StatusCode::kOutOfRange);
   EXPECT_TRUE(b->WaitQuiescent(Deadline::After(Millis(10))));
+}
+
+// Tasks of request i of `b`, one each, with the given lengths and deadlines.
+std::vector<Task> TasksOf(const std::shared_ptr<BatchState>& b, std::vector<uint64_t> lengths,
+                          std::vector<Deadline> deadlines) {
+  std::vector<Task> out;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    b->Plan(i, 1, "tcp");
+    Task t;
+    t.index = static_cast<uint32_t>(i);
+    t.length = lengths[i];
+    t.deadline = deadlines[i];
+    t.batch = b;
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+TEST(ChunkQueue, TakesFromTheFrontWhileTheWindowFitsAndKeepsTheRest) {
+  auto b = std::make_shared<BatchState>(3);
+  const Deadline later = Deadline::After(Millis(60000));
+  ChunkQueue q;
+  q.Push(TasksOf(b, {100, 200, 300}, {later, later, later}));
+  std::vector<Task> got;
+  uint64_t bytes = 0;
+  q.TakeWhile(
+      [&](const Task& t) {
+        if (bytes + t.length > 300) return false;
+        bytes += t.length;
+        return true;
+      },
+      &got);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].length, 100u);
+  EXPECT_EQ(got[1].length, 200u);
+  EXPECT_FALSE(q.empty());
+  // The one left is still there for the next taker, and nothing was failed.
+  EXPECT_EQ(b->Poll().failed, 0u);
+  got.clear();
+  q.TakeWhile([](const Task&) { return true; }, &got);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].length, 300u);
+  EXPECT_TRUE(q.empty());
+}
+
+// Shared by 4 lanes, 10 queued: a lane takes 3 (10/4 rounded up), however
+// much its window would allow, so the lanes after it find work too.
+TEST(ChunkQueue, ALaneTakesAFairShareOfASharedQueue) {
+  auto b = std::make_shared<BatchState>(10);
+  const Deadline later = Deadline::After(Millis(60000));
+  ChunkQueue q(4);
+  q.Push(TasksOf(b, std::vector<uint64_t>(10, 1), std::vector<Deadline>(10, later)));
+  std::vector<Task> got;
+  q.TakeWhile([](const Task&) { return true; }, &got);
+  EXPECT_EQ(got.size(), 3u);
+  got.clear();
+  q.TakeWhile([](const Task&) { return true; }, &got);  // 7 left: 2
+  EXPECT_EQ(got.size(), 2u);
+}
+
+TEST(ChunkQueue, ExpiredTasksFailWithTimeoutOthersStay) {
+  auto b = std::make_shared<BatchState>(2);
+  ChunkQueue q;
+  q.Push(TasksOf(b, {1, 2}, {Deadline::After(Millis(0)), Deadline::After(Millis(60000))}));
+  q.FailExpired();
+  EXPECT_TRUE(b->Result(0).done);
+  EXPECT_EQ(b->Result(0).status.code(), StatusCode::kTimeout);
+  EXPECT_FALSE(b->Result(1).done);
+  EXPECT_FALSE(q.empty());
+}
+
+TEST(ChunkQueue, ClosedFailsWhatItHeldAndWhatComesLater) {
+  auto held = std::make_shared<BatchState>(1);
+  auto late = std::make_shared<BatchState>(1);
+  const Deadline later = Deadline::After(Millis(60000));
+  ChunkQueue q;
+  q.Push(TasksOf(held, {1}, {later}));
+  q.Close();
+  EXPECT_EQ(held->Result(0).status.code(), StatusCode::kCancelled);
+  q.Push(TasksOf(late, {1}, {later}));
+  EXPECT_EQ(late->Result(0).status.code(), StatusCode::kCancelled);
+  EXPECT_TRUE(q.empty());
 }
 
 // A Wake runs the job at once, and says so; without one, the period decides.

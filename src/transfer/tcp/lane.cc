@@ -14,23 +14,69 @@ using asio::ip::tcp;
 using wire::Header;
 using wire::Opcode;
 
-Lane::Lane(asio::io_context& io, Config cfg, std::weak_ptr<Segment> segment)
+void ChunkQueue::Push(std::vector<Task> tasks) {
+  {
+    std::lock_guard lk(mu_);
+    if (!closed_) {
+      for (auto& t : tasks) tasks_.push_back(std::move(t));
+      return;
+    }
+  }
+  for (auto& t : tasks) t.Done(Status::Cancelled("segment closed"));
+}
+
+bool ChunkQueue::empty() const {
+  std::lock_guard lk(mu_);
+  return tasks_.empty();
+}
+
+void ChunkQueue::FailAll(const Status& st) {
+  std::deque<Task> all;
+  {
+    std::lock_guard lk(mu_);
+    all.swap(tasks_);
+  }
+  for (auto& t : all) t.Done(st);  // outside the lock: Done may complete a batch
+}
+
+void ChunkQueue::FailExpired() {
+  std::vector<Task> expired;
+  {
+    std::lock_guard lk(mu_);
+    for (auto it = tasks_.begin(); it != tasks_.end();) {
+      if (it->deadline.Expired()) {
+        expired.push_back(std::move(*it));
+        it = tasks_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& t : expired) t.Done(Status::Timeout("deadline passed before the request was sent"));
+}
+
+void ChunkQueue::Close() {
+  {
+    std::lock_guard lk(mu_);
+    closed_ = true;
+  }
+  FailAll(Status::Cancelled("segment closed"));
+}
+
+Lane::Lane(asio::io_context& io, Config cfg, std::weak_ptr<Segment> segment,
+           std::shared_ptr<ChunkQueue> queue)
     : strand_(asio::make_strand(io)),
       sock_(strand_),
       timer_(strand_),
       cfg_(std::move(cfg)),
-      segment_(std::move(segment)) {
+      segment_(std::move(segment)),
+      queue_(std::move(queue)) {
   sending_.reserve(kMaxGather);  // never reallocated: a write in flight points into it
 }
 
-void Lane::Post(std::vector<Task> tasks) {
-  asio::post(strand_, [self = shared_from_this(), tasks = std::move(tasks)]() mutable {
-    if (self->state_ == State::kClosed) {
-      for (auto& t : tasks) t.Done(Status::Cancelled("segment closed"));
-      return;
-    }
-    for (auto& t : tasks) self->queue_.push_back(std::move(t));
-    self->Kick();
+void Lane::Kick() {
+  asio::post(strand_, [self = shared_from_this()] {
+    if (self->state_ != State::kClosed) self->KickNow();
   });
 }
 
@@ -41,8 +87,8 @@ void Lane::Close() {
   });
 }
 
-void Lane::Kick() {
-  if (queue_.empty()) return;
+void Lane::KickNow() {
+  if (queue_->empty()) return;
   if (state_ == State::kIdle) return Connect();
   if (state_ == State::kReady) Pump();
 }
@@ -106,35 +152,48 @@ size_t Lane::Window(const Task& t) const {
 // small chunks cost one send for several; the next round starts when it is
 // out.
 void Lane::Pump() {
-  if (writing_) return;
+  if (writing_ || state_ != State::kReady) return;
   sending_.clear();
   std::vector<asio::const_buffer> bufs;
-  while (!queue_.empty() && inflight_.size() < Window(queue_.front()) &&
-         sending_.size() < kMaxGather) {
-    Task t = std::move(queue_.front());
-    queue_.pop_front();
-    if (t.batch->cancelled()) {
-      t.Done(Status::Cancelled("batch freed"));
-      continue;
+  std::vector<Task> taken;
+  // Once per Pump, for the queue's fair share; again only for what a task
+  // that was dropped (cancelled, expired) left free.
+  for (bool again = true; again;) {
+    again = false;
+    taken.clear();
+    // What the window still lets on the wire, judged by each task in turn.
+    queue_->TakeWhile(
+        [&](const Task& t) {
+          return inflight_.size() + taken.size() < Window(t) &&
+                 sending_.size() + taken.size() < kMaxGather;
+        },
+        &taken);
+    for (Task& t : taken) {
+      if (t.batch->cancelled()) {
+        t.Done(Status::Cancelled("batch freed"));
+        again = true;
+        continue;
+      }
+      if (t.deadline.Expired()) {
+        t.Done(Status::Timeout("deadline passed before the request was sent"));
+        again = true;
+        continue;
+      }
+      const uint64_t id = next_id_++;
+      const bool write = t.op == Op::kWrite;
+      const uint8_t flags = cfg_.checksum ? wire::kFlagCrc32c : 0;
+      Outgoing& out = sending_.emplace_back();
+      wire::EncodeHeader(
+          {write ? Opcode::kWrite : Opcode::kRead, StatusCode::kOk, id, t.remote, t.length, flags},
+          out.header);
+      bufs.push_back(asio::buffer(out.header));
+      if (write) bufs.push_back(asio::buffer(t.local, t.length));
+      if (write && cfg_.checksum) {
+        wire::EncodeCrc(crc32c::Value(t.local, t.length), out.crc);
+        bufs.push_back(asio::buffer(out.crc));
+      }
+      inflight_.push_back({std::move(t), id, cfg_.checksum});
     }
-    if (t.deadline.Expired()) {
-      t.Done(Status::Timeout("deadline passed before the request was sent"));
-      continue;
-    }
-    const uint64_t id = next_id_++;
-    const bool write = t.op == Op::kWrite;
-    const uint8_t flags = cfg_.checksum ? wire::kFlagCrc32c : 0;
-    Outgoing& out = sending_.emplace_back();
-    wire::EncodeHeader(
-        {write ? Opcode::kWrite : Opcode::kRead, StatusCode::kOk, id, t.remote, t.length, flags},
-        out.header);
-    bufs.push_back(asio::buffer(out.header));
-    if (write) bufs.push_back(asio::buffer(t.local, t.length));
-    if (write && cfg_.checksum) {
-      wire::EncodeCrc(crc32c::Value(t.local, t.length), out.crc);
-      bufs.push_back(asio::buffer(out.crc));
-    }
-    inflight_.push_back({std::move(t), id, cfg_.checksum});
   }
   if (sending_.empty()) return;
   writing_ = true;
@@ -259,9 +318,9 @@ void Lane::Complete(const Status& st) {
 }
 
 void Lane::Fail(const Status& st) {
-  if (!inflight_.empty() || !queue_.empty()) {
-    FERRY_LOG_WARN("tcp lane to {}: failing {} requests: {}", cfg_.peer_name,
-                   inflight_.size() + queue_.size(), st.ToString());
+  if (!inflight_.empty()) {
+    FERRY_LOG_WARN("tcp lane to {}: failing {} requests sent and those queued: {}", cfg_.peer_name,
+                   inflight_.size(), st.ToString());
   }
   ++gen_;  // orphan every pending handler of this connection
   asio::error_code ec;
@@ -272,11 +331,12 @@ void Lane::Fail(const Status& st) {
   writing_ = false;
   if (state_ != State::kClosed) state_ = State::kIdle;
   auto inflight = std::move(inflight_);
-  auto queue = std::move(queue_);
   inflight_.clear();
-  queue_.clear();
   for (auto& f : inflight) f.task.Done(st);
-  for (auto& t : queue) t.Done(st);
+  // Queued tasks fail too, also those other lanes of a shared queue would
+  // have taken: the peer is unreachable or out of step, so pending requests
+  // to it fail promptly instead of one lane at a time.
+  queue_->FailAll(st);
 }
 
 void Lane::ArmTimer() {
@@ -305,15 +365,8 @@ void Lane::OnTimer() {
     }
   }
   // Queued tasks past their deadline fail without touching the connection.
-  for (auto it = queue_.begin(); it != queue_.end();) {
-    if (it->deadline.Expired()) {
-      it->Done(Status::Timeout("deadline passed before the request was sent"));
-      it = queue_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  if (!inflight_.empty() || !queue_.empty() || state_ == State::kConnecting) ArmTimer();
+  queue_->FailExpired();
+  if (!inflight_.empty() || !queue_->empty() || state_ == State::kConnecting) ArmTimer();
 }
 
 }  // namespace ferry

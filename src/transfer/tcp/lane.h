@@ -1,15 +1,15 @@
-// One TCP connection of an initiator to a peer's listener. Tasks queue here,
-// up to a window of them (max_in_flight; see Window()) are on the wire at
-// once, and replies are matched in order. All state is touched only on the
-// lane's strand.
+// One TCP connection of an initiator to a peer's listener. The lane takes
+// tasks from its ChunkQueue, up to a window of them (max_in_flight; see
+// Window()) on the wire at once, and matches replies in order. All lane state
+// is touched only on the lane's strand.
 //
 // Failure handling: a connect error, a reset, a malformed reply or a passed
-// deadline fails every task the lane holds and closes the socket; the next
-// post reconnects. A Hello carrying the expected epoch opens each connection,
-// so a restarted peer fails the tasks with PeerRestarted instead of writing
-// into the new process at stale addresses. With a cluster secret the Hello
-// is the authenticated handshake (transfer/handshake.h); a peer that fails
-// it fails the tasks with Unauthenticated, and nothing is sent to it.
+// deadline fails every task the lane has sent, and every task still in its
+// queue, and closes the socket; the next kick with work queued reconnects. A Hello carrying the
+// expected epoch opens each connection, so a restarted peer fails the tasks with PeerRestarted
+// instead of writing into the new process at stale addresses. With a cluster secret the Hello is
+// the authenticated handshake (transfer/handshake.h); a peer that fails it fails the tasks with
+// Unauthenticated, and nothing is sent to it.
 //
 // With `checksum`, a write whose bytes the target finds corrupted fails
 // with ProtocolError and is not applied; a read that arrives corrupted
@@ -17,9 +17,11 @@
 // only the payload was wrong, the stream is in step.
 #pragma once
 
+#include <algorithm>
 #include <asio.hpp>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -30,6 +32,45 @@
 namespace ferry {
 
 class Segment;
+
+// Chunks waiting for a lane. A peer's lanes share one by default, so each
+// takes the next chunk whenever its window has room and a batch never waits
+// on one lane's backlog while the others idle. Thread safe.
+class ChunkQueue {
+ public:
+  // `sharers`: how many lanes take from it.
+  explicit ChunkQueue(size_t sharers = 1) : sharers_(std::max<size_t>(sharers, 1)) {}
+
+  // Appends `tasks`; once closed, fails them with Cancelled instead.
+  void Push(std::vector<Task> tasks);
+  // Moves tasks from the front into `out` while fits(front) holds, but no
+  // more than a fair share: the queue's length over its sharers, rounded
+  // up. Else the first lane to look fills its whole window and the others
+  // find nothing (on the H200, 8 lanes sharing 64 chunks of 64 KiB moved
+  // 0.25 of raw streams against 0.36 dealt out round-robin).
+  template <typename Fits>
+  void TakeWhile(Fits&& fits, std::vector<Task>* out) {
+    std::lock_guard lk(mu_);
+    const size_t share = (tasks_.size() + sharers_ - 1) / sharers_;
+    for (size_t n = 0; n < share && fits(tasks_.front()); ++n) {
+      out->push_back(std::move(tasks_.front()));
+      tasks_.pop_front();
+    }
+  }
+  bool empty() const;
+  // Fails every queued task with `st`.
+  void FailAll(const Status& st);
+  // Fails the queued tasks whose deadline has passed.
+  void FailExpired();
+  // FailAll(Cancelled), and later pushes fail at once.
+  void Close();
+
+ private:
+  const size_t sharers_;
+  mutable std::mutex mu_;
+  std::deque<Task> tasks_;  // guarded by mu_
+  bool closed_ = false;     // guarded by mu_
+};
 
 class Lane : public std::enable_shared_from_this<Lane> {
  public:
@@ -45,10 +86,14 @@ class Lane : public std::enable_shared_from_this<Lane> {
     std::shared_ptr<const auth::Key> key;  // the cluster secret; null: none
   };
 
-  Lane(asio::io_context& io, Config cfg, std::weak_ptr<Segment> segment);
+  Lane(asio::io_context& io, Config cfg, std::weak_ptr<Segment> segment,
+       std::shared_ptr<ChunkQueue> queue);
 
-  void Post(std::vector<Task> tasks);
-  // Fails everything held with Cancelled and refuses later posts.
+  // Looks at the queue, on the strand: connects if there is work and no
+  // connection, sends what the window allows. Call after each Push.
+  void Kick();
+  // Fails everything sent with Cancelled and takes nothing more. The queue
+  // is its owner's to close.
   void Close();
 
  private:
@@ -59,7 +104,7 @@ class Lane : public std::enable_shared_from_this<Lane> {
     bool crc;  // sent with kFlagCrc32c
   };
 
-  void Kick();
+  void KickNow();
   void Connect();
   void OnConnected(uint64_t gen, const Status& hello);
   size_t Window(const Task& t) const;
@@ -87,8 +132,8 @@ class Lane : public std::enable_shared_from_this<Lane> {
   uint64_t next_id_ = 1;
   Clock::time_point last_progress_;
   Deadline connect_deadline_;
-  std::deque<Task> queue_;         // not yet sent
-  std::deque<InFlight> inflight_;  // sent, reply pending, in wire order
+  const std::shared_ptr<ChunkQueue> queue_;  // not yet sent
+  std::deque<InFlight> inflight_;            // sent, reply pending, in wire order
   // The frames of the write in flight: each one's header and, for a
   // checksummed write, its trailer. Cleared only between writes.
   struct Outgoing {

@@ -8,6 +8,7 @@
 #include <functional>
 #include <thread>
 
+#include "common/env.h"
 #include "common/log.h"
 #include "common/thread_pool.h"
 #include "ferry/engine.h"
@@ -33,9 +34,11 @@ namespace {
 // side it is plain bytes.
 class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndpoint> {
  public:
-  TcpEndpoint(std::vector<std::shared_ptr<Lane>> lanes, gpu::Copier* copier,
+  TcpEndpoint(std::vector<std::shared_ptr<Lane>> lanes,
+              std::vector<std::shared_ptr<ChunkQueue>> queues, gpu::Copier* copier,
               std::unique_ptr<StagingPool> staging, ThreadPool* landing)
       : lanes_(std::move(lanes)),
+        queues_(std::move(queues)),
         copier_(copier),
         staging_(std::move(staging)),
         landing_(landing) {}
@@ -57,21 +60,30 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
   }
 
   void Close() override {
+    for (auto& q : queues_) q->Close();
     for (auto& l : lanes_) l->Close();
   }
 
  private:
+  // A shared queue wakes as many lanes as there are tasks, round-robin:
+  // the lanes that wake take what their windows allow, and each lane takes
+  // more as its replies come. Otherwise each lane has a queue of its own
+  // and gets every n-th task, as before the shared queue.
   void PostHost(std::vector<Task> tasks) {
     const size_t n = lanes_.size();
-    if (tasks.size() == 1) {
-      lanes_[next_.fetch_add(1, std::memory_order_relaxed) % n]->Post(std::move(tasks));
+    const size_t start = next_.fetch_add(tasks.size(), std::memory_order_relaxed);
+    if (queues_.size() == 1) {
+      const size_t wake = std::min(tasks.size(), n);
+      queues_[0]->Push(std::move(tasks));
+      for (size_t i = 0; i < wake; ++i) lanes_[(start + i) % n]->Kick();
       return;
     }
     std::vector<std::vector<Task>> per(n);
-    size_t start = next_.fetch_add(tasks.size(), std::memory_order_relaxed);
     for (size_t i = 0; i < tasks.size(); ++i) per[(start + i) % n].push_back(std::move(tasks[i]));
     for (size_t i = 0; i < n; ++i) {
-      if (!per[i].empty()) lanes_[i]->Post(std::move(per[i]));
+      if (per[i].empty()) continue;
+      queues_[i]->Push(std::move(per[i]));
+      lanes_[i]->Kick();
     }
   }
 
@@ -124,6 +136,7 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
   }
 
   std::vector<std::shared_ptr<Lane>> lanes_;
+  std::vector<std::shared_ptr<ChunkQueue>> queues_;  // one shared, or one per lane
   std::atomic<size_t> next_{0};
   gpu::Copier* copier_;
   std::unique_ptr<StagingPool> staging_;  // null without a GPU
@@ -207,9 +220,17 @@ class TcpTransport : public Transport {
     cfg.connect_timeout = ctx_.options.connect_timeout;
     cfg.progress_timeout = ctx_.options.request_timeout;
     cfg.key = ctx_.key;
+    // FERRY_TCP_SHARED_QUEUE (default 1): a peer's lanes take chunks from one
+    // queue; 0 deals them out round-robin, a queue per lane, to compare.
+    static const bool shared = env::GetIntIn("FERRY_TCP_SHARED_QUEUE", 0, 1, 1) == 1;
     std::vector<std::shared_ptr<Lane>> lanes;
+    std::vector<std::shared_ptr<ChunkQueue>> queues;
     for (int i = 0; i < ctx_.options.tcp_lanes; ++i) {
-      lanes.push_back(std::make_shared<Lane>(ctx_.io.Next(), cfg, segment));
+      if (!shared || queues.empty()) {
+        queues.push_back(
+            std::make_shared<ChunkQueue>(shared ? static_cast<size_t>(ctx_.options.tcp_lanes) : 1));
+      }
+      lanes.push_back(std::make_shared<Lane>(ctx_.io.Next(), cfg, segment, queues.back()));
     }
     std::unique_ptr<StagingPool> staging;
     if (ctx_.copier != nullptr) {
@@ -224,7 +245,7 @@ class TcpTransport : public Transport {
       }
     }
     return std::shared_ptr<Endpoint>(std::make_shared<TcpEndpoint>(
-        std::move(lanes), ctx_.copier, std::move(staging), landing_.get()));
+        std::move(lanes), std::move(queues), ctx_.copier, std::move(staging), landing_.get()));
   }
 
  private:
