@@ -29,6 +29,8 @@ class IoPool {
   IoPool(const IoPool&) = delete;
   IoPool& operator=(const IoPool&) = delete;
 
+  // How many threads Create was given.
+  int threads() const { return threads_; }
   // The context a new socket is placed on: round robin. Thread safe.
   asio::io_context& Next();
   // The first context, for what has no socket of its own (an acceptor).
