@@ -57,7 +57,14 @@ struct EngineOptions {
   // host is also the only one this engine offers its peers. Env
   // FERRY_TRANSPORT applies when this is empty.
   std::string transport;
-  int tcp_lanes = 4;                     // connections per peer; env FERRY_TCP_LANES
+  // Connections per peer; env FERRY_TCP_LANES. 0: 8 on 16 cores or more,
+  // else 4 (EffectiveTcpLanes; docs/performance.md has the measurements).
+  int tcp_lanes = 0;
+  // Of those, how many carry requests that touch GPU memory, at either end;
+  // env FERRY_TCP_GPU_LANES. Fewer than tcp_lanes: such requests get lanes of
+  // their own, as many as this (GPU memory over tcp was slower on 8 lanes than
+  // on 4 on the H200 machine, reads by a quarter, where host memory gained).
+  int tcp_gpu_lanes = 4;
   uint64_t tcp_chunk_bytes = 512 << 10;  // slice size over TCP; env FERRY_TCP_CHUNK_BYTES
   int tcp_chunks_in_flight = 4;          // per lane; env FERRY_TCP_INFLIGHT
   // tcp: every write and read payload carries a CRC-32C, checked at the
@@ -66,12 +73,18 @@ struct EngineOptions {
   // docs/performance.md has its cost; targets check flagged frames always.
   bool tcp_checksum = false;
   // Network threads; env FERRY_IO_THREADS. 0: one per 2 cores, at most
-  // tcp_lanes, so lanes move data in parallel where cores allow.
+  // the lanes, so lanes move data in parallel where cores allow.
   int io_threads = 0;
   // Every io thread on one shared io_context, the engine's model before
   // 2026-12-01, kept to compare against; by default each io thread polls
   // its own sockets (docs/performance.md). Env FERRY_IO_SHARED (0 or 1).
   bool io_shared = false;
+  // How long a network thread with nothing ready keeps polling its sockets
+  // before it sleeps, so a reply or payload arriving meanwhile costs it no
+  // wake-up; env FERRY_IO_SPIN_US (0 to 10000; 0 sleeps at once). On the
+  // H200 machine 50 µs lifted tcp by 1-10%, on the 2-core VM by 5-15%
+  // (docs/performance.md).
+  int io_spin_us = 50;
   // shm and local copy threads; env FERRY_COPY_THREADS. 0: 2, or 4 on 16
   // cores or more, where a third and fourth thread lifted shm writes into
   // fresh memory by two thirds (docs/performance.md).
@@ -79,7 +92,7 @@ struct EngineOptions {
   // Threads that start the GPU copies of tcp staging (landing what a socket
   // received; at a target, also filling a reply), so socket threads read on;
   // env FERRY_LANDING_THREADS. 0: on the socket threads. -1: one per 4 cores,
-  // from 2 up to tcp_lanes.
+  // from 2 up to tcp_gpu_lanes.
   int landing_threads = -1;
   // RegisterMemory makes host memory present and writable before it returns,
   // so no transfer into it pays a page fault per 4 KiB (up to half the
@@ -137,6 +150,10 @@ class Batch {
  private:
   std::shared_ptr<BatchState> state_;
 };
+
+// The lanes an engine opens per peer for `tcp_lanes` (EngineOptions): 0 is 8
+// on 16 cores or more, else 4; any other value is itself.
+int EffectiveTcpLanes(int tcp_lanes);
 
 class Engine {
  public:

@@ -369,8 +369,8 @@ int RunInitiator(const BenchArgs& a) {
   if (served == "tcp") {
     // The lanes, as the initiator's engine took them from the same variable
     // (engine.cc, ApplyEnv), which it has checked to be a number of at least 1.
-    ref_streams =
-        static_cast<int>(env::GetInt("FERRY_TCP_LANES", EngineOptions{}.tcp_lanes).value());
+    ref_streams = EffectiveTcpLanes(
+        static_cast<int>(env::GetInt("FERRY_TCP_LANES", EngineOptions{}.tcp_lanes).value()));
     ref_name = "tcp_streams";
     uint64_t peer_host_end = a.peer.rfind(':');
     // --ref-spread: the streams share out the bytes the engine's batches touch.

@@ -106,7 +106,7 @@ class Engine::Impl {
         EngineContext{options_, io_, *copy_pool_, memory_->registry(), copier_.get(), key_});
     FERRY_ASSIGN_OR_RETURN(transports_, TransportSet::Create(*ctx_, options_.transport));
     io_.Create(options_.io_threads <= 0 ? transports_->io_threads() : options_.io_threads,
-               options_.io_shared);
+               options_.io_shared, std::chrono::microseconds(options_.io_spin_us));
     memory_->set_describer([this](const Region& r, const gpu::MemoryInfo& info) {
       return transports_->DescribeMemory(r, info);
     });
@@ -202,10 +202,16 @@ class Engine::Impl {
     }
     if (options_.transport == "auto") options_.transport.clear();
     FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_TCP_LANES", &options_.tcp_lanes));
+    options_.tcp_lanes = EffectiveTcpLanes(options_.tcp_lanes);
+    FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_TCP_GPU_LANES", &options_.tcp_gpu_lanes));
     FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_TCP_CHUNK_BYTES", &options_.tcp_chunk_bytes));
     FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_TCP_INFLIGHT", &options_.tcp_chunks_in_flight));
     FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_IO_THREADS", &options_.io_threads));
     FERRY_RETURN_IF_ERROR(BoolFromEnv("FERRY_IO_SHARED", &options_.io_shared));
+    FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_IO_SPIN_US", &options_.io_spin_us));
+    if (options_.io_spin_us < 0 || options_.io_spin_us > 10000) {
+      return Status::InvalidArgument("io_spin_us (FERRY_IO_SPIN_US) must be 0 to 10000");
+    }
     FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_COPY_THREADS", &options_.copy_threads));
     FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_LANDING_THREADS", &options_.landing_threads));
     FERRY_RETURN_IF_ERROR(BoolFromEnv("FERRY_TCP_CHECKSUM", &options_.tcp_checksum));
@@ -270,6 +276,14 @@ class Engine::Impl {
   std::unique_ptr<Submitter> submitter_;
   std::unique_ptr<EtcdMetadata> etcd_;  // null: p2p
 };
+
+// On 16 cores, 8 lanes moved 57% more bytes than 4 for 1 MiB writes, 28% more
+// for reads and 70% more through the store (H200 machine, 2026-12-03); on the
+// 2-core VM more lanes only share the one io thread.
+int EffectiveTcpLanes(int tcp_lanes) {
+  if (tcp_lanes != 0) return tcp_lanes;
+  return std::thread::hardware_concurrency() >= 16 ? 8 : 4;
+}
 
 Result<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
   auto impl = std::make_unique<Impl>(std::move(options));

@@ -24,8 +24,9 @@ class IoPool {
   IoPool() = default;
   ~IoPool();  // Stop(0) if not stopped
   // Makes the contexts, once, before anything else: `threads` (at least 1)
-  // each with its own, or all on one when `shared`. Nothing runs until Start.
-  void Create(int threads, bool shared);
+  // each with its own, or all on one when `shared`. A thread with nothing
+  // ready polls for up to `spin` before it sleeps. Nothing runs until Start.
+  void Create(int threads, bool shared, std::chrono::microseconds spin = {});
   IoPool(const IoPool&) = delete;
   IoPool& operator=(const IoPool&) = delete;
 
@@ -45,6 +46,7 @@ class IoPool {
  private:
   using Guard = asio::executor_work_guard<asio::io_context::executor_type>;
   int threads_ = 0;
+  std::chrono::microseconds spin_{0};
   std::vector<std::unique_ptr<asio::io_context>> contexts_;
   std::vector<std::optional<Guard>> guards_;
   std::vector<std::thread> running_;

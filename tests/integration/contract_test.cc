@@ -42,8 +42,11 @@ TEST(EngineContract, CreateRefusesWhatItCannotServe) {
     EXPECT_EQ(CreateFails(o), StatusCode::kOk) << fine;
   }
   EngineOptions lanes;
-  lanes.tcp_lanes = 0;
+  lanes.tcp_lanes = -1;
   EXPECT_EQ(CreateFails(lanes), StatusCode::kInvalidArgument);
+  EngineOptions gpu_lanes;
+  gpu_lanes.tcp_gpu_lanes = 0;
+  EXPECT_EQ(CreateFails(gpu_lanes), StatusCode::kInvalidArgument);
   EngineOptions host;
   host.host = "not-an-address";
   EXPECT_EQ(CreateFails(host), StatusCode::kInvalidArgument);
@@ -62,7 +65,8 @@ TEST(EngineContract, CreateRefusesWhatItCannotServe) {
 TEST(EngineContract, CreateRefusesAMalformedEnvironmentVariable) {
   for (const char* name :
        {"FERRY_TCP_LANES", "FERRY_MAX_CONNECTIONS", "FERRY_MAX_CONNECTIONS_PER_SOURCE",
-        "FERRY_STAGING_WRITEBACK", "FERRY_LOG_LEVEL", "FERRY_IO_SHARED"}) {
+        "FERRY_STAGING_WRITEBACK", "FERRY_LOG_LEVEL", "FERRY_IO_SHARED", "FERRY_TCP_GPU_LANES",
+        "FERRY_IO_SPIN_US"}) {
     setenv(name, "abc", 1);
     auto e = Engine::Create({});
     unsetenv(name);
@@ -73,19 +77,37 @@ TEST(EngineContract, CreateRefusesAMalformedEnvironmentVariable) {
   }
   setenv("FERRY_TCP_LANES", "2", 1);  // a well-formed value still applies
   EXPECT_EQ(CreateFails({}), StatusCode::kOk);
-  setenv("FERRY_TCP_LANES", "0", 1);
+  setenv("FERRY_TCP_LANES", "0", 1);  // the default: 8 or 4 by the cores
+  EXPECT_EQ(CreateFails({}), StatusCode::kOk);
+  setenv("FERRY_TCP_LANES", "-1", 1);
   EXPECT_EQ(CreateFails({}), StatusCode::kInvalidArgument);
   unsetenv("FERRY_TCP_LANES");
+  for (const char* spin : {"-1", "10001"}) {
+    setenv("FERRY_IO_SPIN_US", spin, 1);
+    auto e = Engine::Create({});
+    ASSERT_FALSE(e.ok()) << spin;
+    EXPECT_NE(e.status().message().find("FERRY_IO_SPIN_US"), std::string::npos)
+        << e.status().ToString();
+  }
+  setenv("FERRY_IO_SPIN_US", "0", 1);  // sleeping at once still moves bytes: see below
+  EXPECT_EQ(CreateFails({}), StatusCode::kOk);
+  unsetenv("FERRY_IO_SPIN_US");
 }
 
 // Each io thread polling its own sockets (the default) and all of them on
-// one io_context (io_shared) move the same bytes, with several threads.
+// one io_context (io_shared) move the same bytes, with several threads;
+// so do threads that sleep at once instead of polling first (io_spin_us 0).
 TEST(EngineContract, BothIoModelsMoveBytesOverTcp) {
-  for (bool shared : {false, true}) {
+  struct Mode {
+    bool shared;
+    int spin_us;
+  };
+  for (Mode m : {Mode{false, 50}, Mode{true, 50}, Mode{false, 0}, Mode{true, 0}}) {
     EngineOptions o;
     o.transport = "tcp";
     o.io_threads = 3;
-    o.io_shared = shared;
+    o.io_shared = m.shared;
+    o.io_spin_us = m.spin_us;
     auto e = Engine::Create(o);
     ASSERT_TRUE(e.ok()) << e.status().ToString();
     const size_t n = 3 << 20;
@@ -94,12 +116,13 @@ TEST(EngineContract, BothIoModelsMoveBytesOverTcp) {
     auto seg = e.value()->OpenSegment(e.value()->name());
     ASSERT_TRUE(seg.ok());
     std::vector<char> src(n);
-    for (size_t i = 0; i < n; ++i) src[i] = static_cast<char>(i * 7 + (shared ? 1 : 0));
+    for (size_t i = 0; i < n; ++i) src[i] = static_cast<char>(i * 7 + m.shared + m.spin_us);
     ASSERT_TRUE(e.value()
                     ->Transfer({Op::kWrite, src.data(), seg.value(),
                                 reinterpret_cast<uint64_t>(mem.value()), n})
                     .ok());
-    EXPECT_EQ(std::memcmp(mem.value(), src.data(), n), 0) << "shared " << shared;
+    EXPECT_EQ(std::memcmp(mem.value(), src.data(), n), 0)
+        << "shared " << m.shared << ", spin " << m.spin_us;
   }
 }
 

@@ -282,7 +282,7 @@ TEST(BenchCommand, ReportsTheEngineAgainstRawStreamsOfTheSameParallelism) {
   EXPECT_EQ(j["transport"], "tcp");
   EXPECT_GT(j["gbps"].get<double>(), 0);
   EXPECT_EQ(j["reference"], "tcp_streams");
-  EXPECT_EQ(j["reference_streams"].get<int>(), EngineOptions{}.tcp_lanes);
+  EXPECT_EQ(j["reference_streams"].get<int>(), EffectiveTcpLanes(EngineOptions{}.tcp_lanes));
   EXPECT_GT(j["reference_gbps"].get<double>(), 0) << "the raw streams failed";
 }
 

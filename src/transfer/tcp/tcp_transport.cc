@@ -1,6 +1,8 @@
 // The tcp transport: reaches any peer whose listener it can connect to. Each
-// request is sliced into chunks (tcp_chunk_bytes) spread round-robin over the
-// peer's lanes (tcp_lanes), each lane keeping tcp_chunks_in_flight on the wire.
+// request is sliced into chunks (tcp_chunk_bytes) spread over the peer's lanes
+// (tcp_lanes), each lane keeping tcp_chunks_in_flight on the wire. Chunks that
+// touch GPU memory, at either end, take lanes of their own where
+// tcp_gpu_lanes is the smaller; a lane connects only once it has work.
 // Both ends live here: the initiator's endpoint and lanes (lane.h), and the
 // target side that serves their frames on the engine's listener (target.h).
 #include <algorithm>
@@ -32,61 +34,74 @@ namespace {
 // acknowledged it; a GPU read once the bytes are in device memory (R3). GPU
 // memory at the target is the target side's to stage (target.h): to this
 // side it is plain bytes.
-class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndpoint> {
- public:
-  TcpEndpoint(std::vector<std::shared_ptr<Lane>> lanes,
-              std::vector<std::shared_ptr<ChunkQueue>> queues, gpu::Copier* copier,
-              std::unique_ptr<StagingPool> staging, ThreadPool* landing)
-      : lanes_(std::move(lanes)),
-        queues_(std::move(queues)),
-        copier_(copier),
-        staging_(std::move(staging)),
-        landing_(landing) {}
-  ~TcpEndpoint() override { Close(); }
+// Lanes to one peer and the queues they take chunks from.
+struct LaneGroup {
+  std::vector<std::shared_ptr<Lane>> lanes;
+  std::vector<std::shared_ptr<ChunkQueue>> queues;  // one shared, or one per lane
+  std::atomic<size_t> next{0};
 
-  void Post(std::vector<Task> tasks) override {
-    std::vector<Task> host;
-    host.reserve(tasks.size());
-    for (auto& t : tasks) {
-      if (!t.gpu_local) {
-        host.push_back(std::move(t));
-      } else if (copier_ == nullptr || staging_ == nullptr) {
-        t.Done(Status::NotSupported("no pinned staging for GPU memory over tcp"));
-      } else {
-        Stage(std::move(t));
-      }
-    }
-    if (!host.empty()) PostHost(std::move(host));
-  }
-
-  void Close() override {
-    for (auto& q : queues_) q->Close();
-    for (auto& l : lanes_) l->Close();
-  }
-
- private:
   // A shared queue wakes as many lanes as there are tasks, round-robin:
   // the lanes that wake take what their windows allow, and each lane takes
   // more as its replies come. Otherwise each lane has a queue of its own
   // and gets every n-th task, as before the shared queue.
-  void PostHost(std::vector<Task> tasks) {
-    const size_t n = lanes_.size();
-    const size_t start = next_.fetch_add(tasks.size(), std::memory_order_relaxed);
-    if (queues_.size() == 1) {
+  void Post(std::vector<Task> tasks) {
+    const size_t n = lanes.size();
+    const size_t start = next.fetch_add(tasks.size(), std::memory_order_relaxed);
+    if (queues.size() == 1) {
       const size_t wake = std::min(tasks.size(), n);
-      queues_[0]->Push(std::move(tasks));
-      for (size_t i = 0; i < wake; ++i) lanes_[(start + i) % n]->Kick();
+      queues[0]->Push(std::move(tasks));
+      for (size_t i = 0; i < wake; ++i) lanes[(start + i) % n]->Kick();
       return;
     }
     std::vector<std::vector<Task>> per(n);
     for (size_t i = 0; i < tasks.size(); ++i) per[(start + i) % n].push_back(std::move(tasks[i]));
     for (size_t i = 0; i < n; ++i) {
       if (per[i].empty()) continue;
-      queues_[i]->Push(std::move(per[i]));
-      lanes_[i]->Kick();
+      queues[i]->Push(std::move(per[i]));
+      lanes[i]->Kick();
     }
   }
 
+  void Close() {
+    for (auto& q : queues) q->Close();
+    for (auto& l : lanes) l->Close();
+  }
+};
+
+class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndpoint> {
+ public:
+  // `gpu` carries the chunks that touch GPU memory; it may be `host`.
+  TcpEndpoint(std::shared_ptr<LaneGroup> host, std::shared_ptr<LaneGroup> gpu, gpu::Copier* copier,
+              std::unique_ptr<StagingPool> staging, ThreadPool* landing)
+      : host_(std::move(host)),
+        gpu_(std::move(gpu)),
+        copier_(copier),
+        staging_(std::move(staging)),
+        landing_(landing) {}
+  ~TcpEndpoint() override { Close(); }
+
+  void Post(std::vector<Task> tasks) override {
+    std::vector<Task> host, gpu;
+    host.reserve(tasks.size());
+    for (auto& t : tasks) {
+      if (!t.gpu_local) {
+        (t.gpu_remote ? gpu : host).push_back(std::move(t));
+      } else if (copier_ == nullptr || staging_ == nullptr) {
+        t.Done(Status::NotSupported("no pinned staging for GPU memory over tcp"));
+      } else {
+        Stage(std::move(t));
+      }
+    }
+    if (!host.empty()) host_->Post(std::move(host));
+    if (!gpu.empty()) gpu_->Post(std::move(gpu));
+  }
+
+  void Close() override {
+    host_->Close();
+    if (gpu_ != host_) gpu_->Close();
+  }
+
+ private:
   void Stage(Task t) {
     staging_->Take([self = shared_from_this(), t = std::move(t)](char* buf) mutable {
       self->Start(std::move(t), buf);
@@ -115,14 +130,14 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
                              self->Release(buf);
                              return t.Done(st);
                            }
-                           self->PostHost({self->StandIn(t, buf, [self, t, buf](const Status& s) {
+                           self->gpu_->Post({self->StandIn(t, buf, [self, t, buf](const Status& s) {
                              self->Release(buf);
                              t.Done(s);
                            })});
                          });
       return;
     }
-    PostHost({StandIn(t, buf, [self, t, buf](const Status& s) {
+    gpu_->Post({StandIn(t, buf, [self, t, buf](const Status& s) {
       if (!s.ok()) {
         self->Release(buf);
         return t.Done(s);
@@ -135,9 +150,8 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
     })});
   }
 
-  std::vector<std::shared_ptr<Lane>> lanes_;
-  std::vector<std::shared_ptr<ChunkQueue>> queues_;  // one shared, or one per lane
-  std::atomic<size_t> next_{0};
+  const std::shared_ptr<LaneGroup> host_;
+  const std::shared_ptr<LaneGroup> gpu_;  // host_ where the lanes are the same
   gpu::Copier* copier_;
   std::unique_ptr<StagingPool> staging_;  // null without a GPU
   ThreadPool* landing_;                   // see LandStaged; null: inline
@@ -156,6 +170,12 @@ int OnePerTwoCores(int lo, int hi) {
   return std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, lo, hi);
 }
 
+// The lanes per peer, and of those the ones that carry chunks touching GPU
+// memory. (An engine resolves tcp_lanes before it makes its transports; a
+// transport made on bare options, as tests do, resolves it here.)
+int Lanes(const EngineOptions& o) { return EffectiveTcpLanes(o.tcp_lanes); }
+int GpuLanes(const EngineOptions& o) { return std::min(o.tcp_gpu_lanes, Lanes(o)); }
+
 class TcpTransport : public Transport {
  public:
   static constexpr char kName[] = "tcp";
@@ -168,10 +188,10 @@ class TcpTransport : public Transport {
     caps_.gpu_memory = ctx.copier != nullptr;  // local GPU memory, through staging
     caps_.reach = Reach::kNetwork;
     caps_.target_stages_gpu = true;  // the target side stages its GPU memory
-    caps_.io_threads = OnePerTwoCores(1, o.tcp_lanes);
+    caps_.io_threads = OnePerTwoCores(1, Lanes(o));
     if (ctx.copier != nullptr) {
       const int landing =
-          o.landing_threads < 0 ? OnePerFourCores(2, std::max(2, o.tcp_lanes)) : o.landing_threads;
+          o.landing_threads < 0 ? OnePerFourCores(2, std::max(2, GpuLanes(o))) : o.landing_threads;
       if (landing > 0) landing_ = std::make_unique<ThreadPool>(landing, "ferry-landing");
     }
     TcpTarget::Config tc;
@@ -180,16 +200,15 @@ class TcpTransport : public Transport {
     // as far as a connection can use it; 16 at least, 64 at most.
     const size_t per_lane = std::min<size_t>(
         2 * static_cast<size_t>(ctx.options.tcp_chunks_in_flight), kMaxQueuedReplies);
-    tc.staging_buffers =
-        std::clamp<size_t>(static_cast<size_t>(ctx.options.tcp_lanes) * per_lane, 16, 64);
+    tc.staging_buffers = std::clamp<size_t>(static_cast<size_t>(GpuLanes(o)) * per_lane, 16, 64);
     tc.landing = landing_.get();
     target_ = std::make_unique<TcpTarget>(tc, ctx.registry, ctx.copier);
   }
 
   Status CheckOptions() const override {
     const EngineOptions& o = ctx_.options;
-    if (o.tcp_lanes < 1 || o.tcp_chunks_in_flight < 1 || o.tcp_chunk_bytes < 4096 ||
-        o.tcp_chunk_bytes > (64u << 20)) {
+    if (o.tcp_lanes < 1 || o.tcp_gpu_lanes < 1 || o.tcp_chunks_in_flight < 1 ||
+        o.tcp_chunk_bytes < 4096 || o.tcp_chunk_bytes > (64u << 20)) {
       return Status::InvalidArgument("tcp options out of range");
     }
     return Status::Ok();
@@ -228,20 +247,24 @@ class TcpTransport : public Transport {
     // 2-core VM's 1 MiB reads measured slower shared (0.72 against 0.83).
     static const int64_t knob = env::GetIntIn("FERRY_TCP_SHARED_QUEUE", 0, 1, -1);
     const bool shared = knob == 1 || (knob == -1 && ctx_.io.threads() > 1);
-    std::vector<std::shared_ptr<Lane>> lanes;
-    std::vector<std::shared_ptr<ChunkQueue>> queues;
-    for (int i = 0; i < ctx_.options.tcp_lanes; ++i) {
-      if (!shared || queues.empty()) {
-        queues.push_back(
-            std::make_shared<ChunkQueue>(shared ? static_cast<size_t>(ctx_.options.tcp_lanes) : 1));
+    auto group = [&](int n) {
+      auto g = std::make_shared<LaneGroup>();
+      for (int i = 0; i < n; ++i) {
+        if (!shared || g->queues.empty()) {
+          g->queues.push_back(std::make_shared<ChunkQueue>(shared ? static_cast<size_t>(n) : 1));
+        }
+        g->lanes.push_back(std::make_shared<Lane>(ctx_.io.Next(), cfg, segment, g->queues.back()));
       }
-      lanes.push_back(std::make_shared<Lane>(ctx_.io.Next(), cfg, segment, queues.back()));
-    }
+      return g;
+    };
+    const int gpu_lanes = GpuLanes(ctx_.options);
+    auto host = group(Lanes(ctx_.options));
+    auto gpu = gpu_lanes < Lanes(ctx_.options) ? group(gpu_lanes) : host;
     std::unique_ptr<StagingPool> staging;
     if (ctx_.copier != nullptr) {
       // Two chunks per in-flight slot: one on the wire while the next is copied.
       auto pool = StagingPool::Create(
-          static_cast<size_t>(ctx_.options.tcp_lanes * ctx_.options.tcp_chunks_in_flight * 2),
+          static_cast<size_t>(gpu_lanes * ctx_.options.tcp_chunks_in_flight * 2),
           ctx_.options.tcp_chunk_bytes);
       if (pool.ok()) {
         staging = std::move(pool).value();
@@ -250,7 +273,7 @@ class TcpTransport : public Transport {
       }
     }
     return std::shared_ptr<Endpoint>(std::make_shared<TcpEndpoint>(
-        std::move(lanes), std::move(queues), ctx_.copier, std::move(staging), landing_.get()));
+        std::move(host), std::move(gpu), ctx_.copier, std::move(staging), landing_.get()));
   }
 
  private:
