@@ -277,9 +277,9 @@ class Engine::Impl {
   std::unique_ptr<EtcdMetadata> etcd_;  // null: p2p
 };
 
-// On 16 cores, 8 lanes moved 57% more bytes than 4 for 1 MiB writes, 28% more
-// for reads and 70% more through the store (H200 machine, 2026-12-03); on the
-// 2-core VM more lanes only share the one io thread.
+// On 16 cores, 8 lanes moved 38% more than 4 for 1 MiB reads and 60-70% more
+// through the store, 7% more for 1 MiB writes (H200 machine, 2026-12-03); on
+// the 2-core VM more lanes only share the one io thread.
 int EffectiveTcpLanes(int tcp_lanes) {
   if (tcp_lanes != 0) return tcp_lanes;
   return std::thread::hardware_concurrency() >= 16 ? 8 : 4;

@@ -26,14 +26,6 @@
 namespace ferry {
 namespace {
 
-// GPU memory over tcp goes through the staging ring: a write's chunk is copied
-// device-to-host on a private stream after the readiness event, then sent; a
-// read's chunk lands in staging, then is copied host-to-device after the
-// readiness event (R2). With several chunks staged at once, the copy of chunk
-// k+1 overlaps the send of chunk k. A GPU write completes when the target has
-// acknowledged it; a GPU read once the bytes are in device memory (R3). GPU
-// memory at the target is the target side's to stage (target.h): to this
-// side it is plain bytes.
 // Lanes to one peer and the queues they take chunks from.
 struct LaneGroup {
   std::vector<std::shared_ptr<Lane>> lanes;
@@ -68,6 +60,14 @@ struct LaneGroup {
   }
 };
 
+// GPU memory over tcp goes through the staging ring: a write's chunk is copied
+// device-to-host on a private stream after the readiness event, then sent; a
+// read's chunk lands in staging, then is copied host-to-device after the
+// readiness event (R2). With several chunks staged at once, the copy of chunk
+// k+1 overlaps the send of chunk k. A GPU write completes when the target has
+// acknowledged it; a GPU read once the bytes are in device memory (R3). GPU
+// memory at the target is the target side's to stage (target.h): to this
+// side it is plain bytes.
 class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndpoint> {
  public:
   // `gpu` carries the chunks that touch GPU memory; it may be `host`.
