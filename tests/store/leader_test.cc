@@ -13,6 +13,7 @@
 
 #include "coord/etcd_client.h"
 #include "integration/etcd_server.h"
+#include "store/rpc/proto_util.h"
 
 namespace ferry::store {
 namespace {
@@ -184,5 +185,15 @@ TEST(LeaderElection, RefusesBadOptions) {
             StatusCode::kInvalidArgument);
 }
 
+// A call the master dropped (CANCELLED: the store never cancels its own) is
+// Unavailable, as an unreachable master is, so the caller looks for the
+// leader again instead of failing with Internal.
+TEST(MasterCodes, ACallTheMasterDroppedIsUnavailable) {
+  EXPECT_EQ(CodeFromGrpc(grpc::StatusCode::CANCELLED), StatusCode::kUnavailable);
+  EXPECT_EQ(CodeFromGrpc(grpc::StatusCode::UNAVAILABLE), StatusCode::kUnavailable);
+  EXPECT_EQ(CodeFromGrpc(grpc::StatusCode::DATA_LOSS), StatusCode::kInternal);
+}
+
 }  // namespace
+
 }  // namespace ferry::store

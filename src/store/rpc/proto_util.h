@@ -33,6 +33,11 @@ inline StatusCode CodeFromGrpc(grpc::StatusCode c) {
     case grpc::StatusCode::INVALID_ARGUMENT:
       return StatusCode::kInvalidArgument;
     case grpc::StatusCode::UNAVAILABLE:
+    // Never asked for by the store's calls: the master dropped the call, as
+    // one whose leadership has just lapsed does while it stops serving. Like
+    // an unreachable master, the caller looks for the leader again
+    // (test_cluster_ha's paused leader saw CANCELLED in CI on 2026-12-03).
+    case grpc::StatusCode::CANCELLED:
       return StatusCode::kUnavailable;
     case grpc::StatusCode::UNAUTHENTICATED:
       return StatusCode::kUnauthenticated;
