@@ -81,10 +81,10 @@ struct EngineOptions {
   bool io_shared = false;
   // How long a network thread with nothing ready keeps polling its sockets
   // before it sleeps, so a reply or payload arriving meanwhile costs it no
-  // wake-up; env FERRY_IO_SPIN_US (0 to 10000; 0 sleeps at once). On the
-  // H200 machine 50 µs lifted tcp by 1-10%, on the 2-core VM by 5-15%
-  // (docs/performance.md).
-  int io_spin_us = 50;
+  // wake-up; env FERRY_IO_SPIN_US (0 to 10000; 0 sleeps at once). -1: as
+  // EffectiveIoSpinUs chooses, 50 µs unless the io threads are half the
+  // cores or more.
+  int io_spin_us = -1;
   // shm and local copy threads; env FERRY_COPY_THREADS. 0: 2, or 4 on 16
   // cores or more, where a third and fourth thread lifted shm writes into
   // fresh memory by two thirds (docs/performance.md).
@@ -154,6 +154,11 @@ class Batch {
 // The lanes an engine opens per peer for `tcp_lanes` (EngineOptions): 0 is 8
 // on 16 cores or more, else 4; any other value is itself.
 int EffectiveTcpLanes(int tcp_lanes);
+
+// The polling of an engine's io threads for `io_spin_us` (EngineOptions) on
+// `cores`: -1 is 50 µs, or 0 where `io_threads` are half the cores or more
+// on 4 cores or more; any other value is itself.
+int EffectiveIoSpinUs(int io_spin_us, int io_threads, int cores);
 
 class Engine {
  public:

@@ -39,9 +39,10 @@ constexpr uint64_t kRefSink = 1, kRefSource = 2, kRefFresh = 3;
 using FreshSource = std::function<uint64_t(uint64_t bytes)>;
 
 // The target's side of the raw reference: each stream on a thread of its own.
-// A command is {mode u64, total u64, block u64, spread u64}; a sink answers
-// one byte after `total`. Blocks cycle through `spread` bytes (at least one
-// block): see ReferenceStream.
+// A command is {mode u64, total u64, block u64, spread u64}, answered with one
+// byte once its buffer is set up (untimed, as the engine's memory is); a sink
+// answers another byte after `total`. Blocks cycle through `spread` bytes (at
+// least one block): see ReferenceStream.
 // A fresh command is {kRefFresh, bytes, 0, 0}, answered with the address.
 void ServeReferenceStream(int fd, const FreshSource& fresh) {
   int one = 1;
@@ -55,7 +56,8 @@ void ServeReferenceStream(int fd, const FreshSource& fresh) {
     const uint64_t block = cmd[2], span = std::max(block, cmd[3] / block * block);
     std::vector<char> buf(span, 1);
     uint64_t left = cmd[1], off = 0;
-    bool ok = true;
+    char ready = 1;
+    bool ok = WriteAll(fd, &ready, 1);
     while (ok && left > 0) {
       size_t n = std::min<uint64_t>(left, block);
       ok =
@@ -105,18 +107,25 @@ uint64_t AskFresh(const std::string& host, uint16_t port, uint64_t bytes) {
 // One raw stream of `total` bytes in `block`-sized sends (write) or receives
 // (read). With `spread` above one block, both ends cycle through that many
 // bytes, as the engine's batch does through its buffers, instead of one hot
-// block. False on any socket error.
+// block. Both ends set up their buffers, then the stream waits for `go`, so
+// no page fault falls in the timed part. False on any socket error.
 bool ReferenceStream(const std::string& host, uint16_t port, bool write, uint64_t total,
-                     uint64_t block, uint64_t spread) {
+                     uint64_t block, uint64_t spread, std::atomic<int>& ready,
+                     const std::atomic<bool>& go) {
   const int fd = ConnectReference(host, port);
-  if (fd < 0) return false;
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  bool ok = fd >= 0;
   block = std::min<uint64_t>(block, 1ull << 30);
   const uint64_t span = std::max(block, spread / block * block);
-  uint64_t cmd[4] = {write ? kRefSink : kRefSource, total, block, span};
-  std::vector<char> buf(span, 2);
-  bool ok = WriteAll(fd, cmd, sizeof(cmd));
+  std::vector<char> buf(ok ? span : 0, 2);
+  if (ok) {
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    uint64_t cmd[4] = {write ? kRefSink : kRefSource, total, block, span};
+    char peer_ready;
+    ok = WriteAll(fd, cmd, sizeof(cmd)) && ReadAll(fd, &peer_ready, 1);
+  }
+  ready.fetch_add(1);  // failed or not: the others must not wait on it
+  while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
   uint64_t left = total, off = 0;
   while (ok && left > 0) {
     size_t n = std::min<uint64_t>(left, block);
@@ -126,25 +135,29 @@ bool ReferenceStream(const std::string& host, uint16_t port, bool write, uint64_
   }
   char done;
   if (ok && write) ok = ReadAll(fd, &done, 1);
-  close(fd);
+  if (fd >= 0) close(fd);
   return ok;
 }
 
 // The physical reference of tcp: `total` bytes over `streams` raw loopback
 // TCP streams at once, as many as the engine's lanes, so both sides get the
-// same parallelism. GB/s, 0 on failure.
+// same parallelism. Timed from when every stream is set up. GB/s, 0 on
+// failure.
 double ReferenceTcp(const std::string& host, uint16_t port, bool write, uint64_t total,
                     uint64_t block, int streams, uint64_t spread) {
   const uint64_t share = total / static_cast<uint64_t>(streams);
-  std::atomic<int> failed{0};
+  std::atomic<int> failed{0}, ready{0};
+  std::atomic<bool> go{false};
   std::vector<std::thread> threads;
-  auto t0 = Clock::now();
   for (int i = 0; i < streams; ++i) {
     const uint64_t n = i + 1 < streams ? share : total - share * static_cast<uint64_t>(i);
     threads.emplace_back([&, n] {
-      if (!ReferenceStream(host, port, write, n, block, spread)) failed.fetch_add(1);
+      if (!ReferenceStream(host, port, write, n, block, spread, ready, go)) failed.fetch_add(1);
     });
   }
+  while (ready.load() < streams) std::this_thread::yield();
+  auto t0 = Clock::now();
+  go.store(true, std::memory_order_release);
   for (auto& t : threads) t.join();
   double secs = SecondsSince(t0);
   return failed.load() == 0 ? static_cast<double>(total) / secs / 1e9 : 0;

@@ -27,6 +27,7 @@ Result<int64_t> GetInt(const char* name, int64_t fallback) {
 }
 
 int64_t GetIntIn(const char* name, int64_t lo, int64_t hi, int64_t fallback) {
+  if (!Get(name)) return fallback;  // unset: the fallback may lie outside [lo, hi]
   auto v = GetInt(name, fallback);
   if (v.ok() && v.value() >= lo && v.value() <= hi) return v.value();
   FERRY_LOG_WARN("{}: want {} to {}; using {}", name, lo, hi, fallback);

@@ -82,7 +82,7 @@ TEST(EngineContract, CreateRefusesAMalformedEnvironmentVariable) {
   setenv("FERRY_TCP_LANES", "-1", 1);
   EXPECT_EQ(CreateFails({}), StatusCode::kInvalidArgument);
   unsetenv("FERRY_TCP_LANES");
-  for (const char* spin : {"-1", "10001"}) {
+  for (const char* spin : {"-2", "10001"}) {
     setenv("FERRY_IO_SPIN_US", spin, 1);
     auto e = Engine::Create({});
     unsetenv("FERRY_IO_SPIN_US");  // before any assertion can return
@@ -91,6 +91,23 @@ TEST(EngineContract, CreateRefusesAMalformedEnvironmentVariable) {
         << e.status().ToString();
   }
   setenv("FERRY_IO_SPIN_US", "0", 1);  // sleeping at once still moves bytes: see below
+  EXPECT_EQ(CreateFails({}), StatusCode::kOk);
+  unsetenv("FERRY_IO_SPIN_US");
+}
+
+// The default polls where the io threads leave most cores free, and sleeps
+// at once where they take half of them or more; a value set is kept.
+TEST(EngineContract, IoPollingDefaultFollowsTheThreadsPerCore) {
+  EXPECT_EQ(EffectiveIoSpinUs(-1, 4, 16), 50);
+  EXPECT_EQ(EffectiveIoSpinUs(-1, 7, 16), 50);
+  EXPECT_EQ(EffectiveIoSpinUs(-1, 8, 16), 0);
+  EXPECT_EQ(EffectiveIoSpinUs(-1, 8, 128), 50);  // 8 lanes on a large host
+  EXPECT_EQ(EffectiveIoSpinUs(-1, 64, 128), 0);
+  EXPECT_EQ(EffectiveIoSpinUs(-1, 1, 2), 50);  // the 2-core VM: one thread, and it gained
+  EXPECT_EQ(EffectiveIoSpinUs(-1, 2, 4), 0);
+  EXPECT_EQ(EffectiveIoSpinUs(0, 1, 2), 0);
+  EXPECT_EQ(EffectiveIoSpinUs(200, 8, 16), 200);
+  setenv("FERRY_IO_SPIN_US", "-1", 1);  // the default, spelled out
   EXPECT_EQ(CreateFails({}), StatusCode::kOk);
   unsetenv("FERRY_IO_SPIN_US");
 }

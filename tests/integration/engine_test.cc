@@ -284,6 +284,14 @@ TEST(BenchCommand, ReportsTheEngineAgainstRawStreamsOfTheSameParallelism) {
   EXPECT_EQ(j["reference"], "tcp_streams");
   EXPECT_EQ(j["reference_streams"].get<int>(), EffectiveTcpLanes(EngineOptions{}.tcp_lanes));
   EXPECT_GT(j["reference_gbps"].get<double>(), 0) << "the raw streams failed";
+  // Writes, with the streams over the batch's bytes: each end sets up its
+  // buffer and says so before the timing starts.
+  nlohmann::json w;
+  ASSERT_NO_FATAL_FAILURE(RunBench({"--transport", "tcp", "--op", "write", "--block-size", "65536",
+                                    "--batch-size", "8", "--duration", "0.3", "--ref-spread"},
+                                   &w));
+  EXPECT_TRUE(w["reference_spread"].get<bool>());
+  EXPECT_GT(w["reference_gbps"].get<double>(), 0) << "the raw streams failed";
 }
 
 // --fresh: single passes over target memory set up just before each, for

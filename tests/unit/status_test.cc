@@ -1,9 +1,15 @@
-// Status and Result, their macros, and the little-endian byte codec.
+// Status and Result, their macros, the little-endian byte codec, and the
+// environment knobs.
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
 
+#include <cstdlib>
+#include <sstream>
 #include <string>
 
 #include "common/bytes.h"
+#include "common/env.h"
+#include "common/log.h"
 #include "ferry/status.h"
 
 namespace ferry {
@@ -72,6 +78,24 @@ TEST(Bytes, LittleEndianRoundTripAndShortReads) {
   ByteReader longstr(buf.data() + 15, 6);
   EXPECT_EQ(longstr.Str(1), "");  // longer than allowed
   EXPECT_FALSE(longstr.ok());
+}
+
+// A knob left unset is its fallback, silently, also where the fallback lies
+// outside the range (-1, "not chosen"); one set out of range warns.
+TEST(Env, KnobsWarnOnlyWhenSetOutOfRange) {
+  std::ostringstream seen;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(seen);
+  log::Get().sinks().push_back(sink);
+  unsetenv("FERRY_TEST_KNOB");
+  EXPECT_EQ(env::GetIntIn("FERRY_TEST_KNOB", 0, 1, -1), -1);
+  EXPECT_EQ(seen.str().find("FERRY_TEST_KNOB"), std::string::npos) << seen.str();
+  setenv("FERRY_TEST_KNOB", "1", 1);
+  EXPECT_EQ(env::GetIntIn("FERRY_TEST_KNOB", 0, 1, -1), 1);
+  setenv("FERRY_TEST_KNOB", "7", 1);
+  EXPECT_EQ(env::GetIntIn("FERRY_TEST_KNOB", 0, 1, -1), -1);
+  unsetenv("FERRY_TEST_KNOB");
+  log::Get().sinks().pop_back();
+  EXPECT_NE(seen.str().find("FERRY_TEST_KNOB: want 0 to 1"), std::string::npos) << seen.str();
 }
 
 }  // namespace
