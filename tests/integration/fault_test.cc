@@ -439,5 +439,48 @@ TEST(TcpChecksum, TheTargetRefusesAMismatchAndStaysInStep) {
   }
 }
 
+// Small writes that reach the target together are acked together: their
+// replies wait for the frames already in hand (FERRY_TCP_HOLD_ACKS_KIB), then
+// leave in one send, each answering its own write, in order. A write that
+// arrives alone is answered at once (the engine's transfers below).
+TEST(TcpLanes, AcksOfSmallWritesReadTogetherLeaveTogether) {
+  setenv("FERRY_TCP_HOLD_ACKS_KIB", "256", 1);  // the default, whatever the run's environment
+  auto peer = test::StartPeer(1 << 20, 0);
+  unsetenv("FERRY_TCP_HOLD_ACKS_KIB");
+  ASSERT_TRUE(peer.ok());
+  const uint64_t base = peer.value().alloc_addr;
+  constexpr int kWrites = 4;
+  constexpr size_t kBytes = 1024;
+  std::vector<uint8_t> frames;
+  for (int i = 0; i < kWrites; ++i) {
+    uint8_t h[wire::kHeaderSize];
+    wire::EncodeHeader({wire::Opcode::kWrite, StatusCode::kOk, 10u + i, base + i * kBytes, kBytes},
+                       h);
+    frames.insert(frames.end(), h, h + sizeof(h));
+    frames.insert(frames.end(), kBytes, static_cast<uint8_t>('a' + i));
+  }
+  test::RawClient c(peer.value().port());
+  ASSERT_TRUE(c.connected());
+  c.Send(frames.data(), frames.size());  // one segment on loopback
+  uint8_t acks[kWrites * wire::kHeaderSize];
+  EXPECT_EQ(c.ReadSome(acks, sizeof(acks)), sizeof(acks)) << "the acks left in several sends";
+  for (int i = 0; i < kWrites; ++i) {
+    auto h = wire::DecodeHeader(acks + i * wire::kHeaderSize);
+    ASSERT_TRUE(h.ok()) << i;
+    EXPECT_EQ(h.value().opcode, wire::Opcode::kWriteAck);
+    EXPECT_EQ(h.value().status, StatusCode::kOk);
+    EXPECT_EQ(h.value().id, 10u + i);
+  }
+  EngineOptions o;
+  o.transport = "tcp";
+  auto e = Engine::Create(o);
+  ASSERT_TRUE(e.ok());
+  auto s = e.value()->OpenSegment(peer.value().segment);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  std::vector<char> back(kWrites * kBytes);
+  ASSERT_TRUE(e.value()->Transfer({Op::kRead, back.data(), s.value(), base, back.size()}).ok());
+  for (int i = 0; i < kWrites; ++i) EXPECT_EQ(back[i * kBytes + kBytes - 1], 'a' + i) << i;
+}
+
 }  // namespace
 }  // namespace ferry

@@ -60,6 +60,14 @@ class RawClient {
     }
     return true;
   }
+  // What one receive returns once bytes are there (up to `n`); 0 when the
+  // peer closed or `timeout` passed.
+  size_t ReadSome(void* p, size_t n, Millis timeout = Millis(5000)) {
+    pollfd pfd{fd_, POLLIN, 0};
+    if (poll(&pfd, 1, static_cast<int>(timeout.count())) <= 0) return 0;
+    const ssize_t r = recv(fd_, p, n, 0);
+    return r > 0 ? static_cast<size_t>(r) : 0;
+  }
   // A reply header, or nullopt when the peer closed the connection in time.
   std::optional<wire::Header> ReadHeader(Millis timeout = Millis(5000)) {
     uint8_t h[wire::kHeaderSize];
