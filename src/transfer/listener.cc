@@ -18,6 +18,7 @@
 #include "transfer/frame_service.h"
 #include "transfer/frame_wire.h"
 #include "transfer/handshake.h"
+#include "transfer/socket_write.h"
 
 namespace ferry {
 
@@ -224,21 +225,21 @@ class Connection : public FrameConnection, public std::enable_shared_from_this<C
       sending.push_back(o);
     }
     BeginFrame();
-    asio::async_write(sock_, bufs,
-                      [self = shared_from_this(), sending = std::move(sending)](auto ec, size_t) {
-                        self->EndFrame();
-                        self->writing_ = false;
-                        for (auto& o : sending) {
-                          if (o->sent) std::exchange(o->sent, nullptr)();
-                        }
-                        if (ec || self->closed_) return self->Shutdown();
-                        for (size_t i = 0; i < sending.size(); ++i) self->outq_.pop_front();
-                        if (self->read_paused_ && self->outq_.size() < kMaxQueuedReplies) {
-                          self->read_paused_ = false;
-                          self->ReadHeader();
-                        }
-                        self->Flush();
-                      });
+    AsyncWriteAll(sock_, bufs,
+                  [self = shared_from_this(), sending = std::move(sending)](auto ec, size_t) {
+                    self->EndFrame();
+                    self->writing_ = false;
+                    for (auto& o : sending) {
+                      if (o->sent) std::exchange(o->sent, nullptr)();
+                    }
+                    if (ec || self->closed_) return self->Shutdown();
+                    for (size_t i = 0; i < sending.size(); ++i) self->outq_.pop_front();
+                    if (self->read_paused_ && self->outq_.size() < kMaxQueuedReplies) {
+                      self->read_paused_ = false;
+                      self->ReadHeader();
+                    }
+                    self->Flush();
+                  });
   }
 
   void Dispatch() {

@@ -1,11 +1,13 @@
 #include "transfer/tcp/lane.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "common/crc32c.h"
 #include "common/log.h"
 #include "transfer/handshake.h"
 #include "transfer/segment.h"
+#include "transfer/socket_write.h"
 #include "transfer/tcp/socket_io.h"
 
 namespace ferry {
@@ -96,6 +98,7 @@ void Lane::KickNow() {
 void Lane::Connect() {
   state_ = State::kConnecting;
   lowat_ = 1;
+  in_begin_ = in_end_ = 0;
   const uint64_t gen = ++gen_;
   connect_deadline_ = Deadline::After(cfg_.connect_timeout);
   ArmTimer();
@@ -199,7 +202,7 @@ void Lane::Pump() {
   writing_ = true;
   ArmTimer();
   const uint64_t gen = gen_;
-  asio::async_write(
+  AsyncWriteAll(
       sock_, std::move(bufs), [self = shared_from_this(), gen](asio::error_code ec, size_t) {
         if (gen != self->gen_) return;
         self->writing_ = false;
@@ -212,16 +215,35 @@ void Lane::Pump() {
       });
 }
 
+// The next reply: from the inbox when a whole header is there, else after a
+// receive of whatever has come. Only then, with every reply in hand taken,
+// does the window's room go out, all of it in one send.
 void Lane::ReadReply(uint64_t gen) {
-  asio::async_read(
-      sock_, asio::buffer(in_), [self = shared_from_this(), gen](asio::error_code ec, size_t) {
-        if (gen != self->gen_) return;
-        if (ec) {
-          return self->Fail(Status::ConnectionLost(self->cfg_.peer_name +
-                                                   " closed the connection: " + ec.message()));
-        }
-        self->OnReply(gen);
-      });
+  if (gen != gen_) return;
+  if (in_end_ - in_begin_ >= wire::kHeaderSize) return OnReply(gen);
+  std::memmove(inbox_, inbox_ + in_begin_, in_end_ - in_begin_);
+  in_end_ -= in_begin_;
+  in_begin_ = 0;
+  Pump();
+  asio::async_read(sock_, asio::buffer(inbox_ + in_end_, sizeof(inbox_) - in_end_),
+                   asio::transfer_at_least(wire::kHeaderSize - in_end_),
+                   [self = shared_from_this(), gen](asio::error_code ec, size_t n) {
+                     if (gen != self->gen_) return;
+                     if (ec) {
+                       return self->Fail(Status::ConnectionLost(
+                           self->cfg_.peer_name + " closed the connection: " + ec.message()));
+                     }
+                     self->in_end_ += n;
+                     self->OnReply(gen);
+                   });
+}
+
+// Up to `n` bytes from the inbox into `dst`; how many.
+size_t Lane::TakeFromInbox(void* dst, size_t n) {
+  const size_t have = std::min(n, in_end_ - in_begin_);
+  std::memcpy(dst, inbox_ + in_begin_, have);
+  in_begin_ += have;
+  return have;
 }
 
 // A target that checks a write's CRC refuses a mismatch with ProtocolError,
@@ -236,7 +258,8 @@ Status Lane::Remote(const Header& h, bool crc) const {
 
 void Lane::OnReply(uint64_t gen) {
   last_progress_ = Clock::now();
-  auto dh = wire::DecodeHeader(in_);
+  auto dh = wire::DecodeHeader(inbox_ + in_begin_);
+  in_begin_ += wire::kHeaderSize;
   if (!dh.ok()) return Fail(dh.status());
   const Header h = dh.value();
   if (inflight_.empty() || h.id != inflight_.front().id) {
@@ -253,13 +276,11 @@ void Lane::OnReply(uint64_t gen) {
       return Fail(Status::ProtocolError(cfg_.peer_name + " error with payload"));
     }
     Complete(Remote(h, crc));
-    ReadReply(gen);
-    return Pump();
+    return ReadReply(gen);
   }
   if (h.opcode == Opcode::kWriteAck) {
     Complete(Status::Ok());
-    ReadReply(gen);
-    return Pump();
+    return ReadReply(gen);
   }
   if (h.length != t.length) {
     return Fail(Status::ProtocolError(cfg_.peer_name + " sent a wrong read length"));
@@ -269,46 +290,48 @@ void Lane::OnReply(uint64_t gen) {
     return Fail(Status::ProtocolError(cfg_.peer_name + (crc ? " sent a read without its checksum"
                                                             : " sent an unasked-for checksum")));
   }
-  AsyncReadPayload(
-      sock_, t.local, t.length, &lowat_,
-      [self = shared_from_this(), gen, crc](asio::error_code ec) {
-        if (gen != self->gen_) return;
-        if (ec) {
-          return self->Fail(Status::ConnectionLost(self->cfg_.peer_name + " closed mid-payload"));
-        }
-        if (crc) return self->ReadChecked(gen);
-        self->Complete(Status::Ok());
-        self->ReadReply(gen);
-        self->Pump();
-      });
+  const size_t have = TakeFromInbox(t.local, t.length);
+  auto landed = [self = shared_from_this(), gen, crc](asio::error_code ec) {
+    if (gen != self->gen_) return;
+    if (ec) {
+      return self->Fail(Status::ConnectionLost(self->cfg_.peer_name + " closed mid-payload"));
+    }
+    if (crc) return self->ReadChecked(gen);
+    self->Complete(Status::Ok());
+    self->ReadReply(gen);
+  };
+  if (have == t.length) return landed(asio::error_code());
+  AsyncReadPayload(sock_, t.local + have, t.length - have, &lowat_, std::move(landed));
 }
 
 // The trailer of a checksummed read whose payload is in: a mismatch fails
 // that read alone, with its local bytes unspecified (already written there:
 // the payload is received in place, as without a checksum).
 void Lane::ReadChecked(uint64_t gen) {
-  // Like the payload, inline when the bytes are there, as they mostly are.
-  AsyncReadPayload(
-      sock_, reinterpret_cast<char*>(in_crc_), sizeof(in_crc_), &lowat_,
-      [self = shared_from_this(), gen](asio::error_code ec) {
-        if (gen != self->gen_) return;
-        if (ec) {
-          return self->Fail(Status::ConnectionLost(self->cfg_.peer_name + " closed mid-payload"));
-        }
-        self->last_progress_ = Clock::now();
-        const Task& t = self->inflight_.front().task;
-        if (wire::DecodeCrc(self->in_crc_) != crc32c::Value(t.local, t.length)) {
-          FERRY_LOG_WARN("tcp lane to {}: read at 0x{:x}+{} arrived corrupted",
-                         self->cfg_.peer_name, t.remote, t.length);
-          self->Complete(Status::ProtocolError(self->cfg_.peer_name + ": read at 0x" +
-                                               fmt::format("{:x}", t.remote) +
-                                               " arrived corrupted (checksum mismatch)"));
-        } else {
-          self->Complete(Status::Ok());
-        }
-        self->ReadReply(gen);
-        self->Pump();
-      });
+  // Like the payload, from the inbox or inline when the bytes are there, as
+  // they mostly are.
+  const size_t have = TakeFromInbox(in_crc_, sizeof(in_crc_));
+  auto checked = [self = shared_from_this(), gen](asio::error_code ec) {
+    if (gen != self->gen_) return;
+    if (ec) {
+      return self->Fail(Status::ConnectionLost(self->cfg_.peer_name + " closed mid-payload"));
+    }
+    self->last_progress_ = Clock::now();
+    const Task& t = self->inflight_.front().task;
+    if (wire::DecodeCrc(self->in_crc_) != crc32c::Value(t.local, t.length)) {
+      FERRY_LOG_WARN("tcp lane to {}: read at 0x{:x}+{} arrived corrupted", self->cfg_.peer_name,
+                     t.remote, t.length);
+      self->Complete(Status::ProtocolError(self->cfg_.peer_name + ": read at 0x" +
+                                           fmt::format("{:x}", t.remote) +
+                                           " arrived corrupted (checksum mismatch)"));
+    } else {
+      self->Complete(Status::Ok());
+    }
+    self->ReadReply(gen);
+  };
+  if (have == sizeof(in_crc_)) return checked(asio::error_code());
+  AsyncReadPayload(sock_, reinterpret_cast<char*>(in_crc_) + have, sizeof(in_crc_) - have, &lowat_,
+                   std::move(checked));
 }
 
 void Lane::Complete(const Status& st) {

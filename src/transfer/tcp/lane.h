@@ -111,6 +111,7 @@ class Lane : public std::enable_shared_from_this<Lane> {
   void Pump();
   void ReadReply(uint64_t gen);
   void OnReply(uint64_t gen);
+  size_t TakeFromInbox(void* dst, size_t n);
   void Complete(const Status& st);
   void Fail(const Status& st);
   void ArmTimer();
@@ -142,7 +143,11 @@ class Lane : public std::enable_shared_from_this<Lane> {
   };
   static constexpr size_t kMaxGather = 16;
   std::vector<Outgoing> sending_;
-  uint8_t in_[wire::kHeaderSize];
+  // Replies as they came off the socket, [in_begin_, in_end_) not yet taken:
+  // one receive brings every reply there, so several acks cost one call. A
+  // read's payload bytes that came along are copied out of it.
+  uint8_t inbox_[1024];
+  size_t in_begin_ = 0, in_end_ = 0;
   uint8_t in_crc_[wire::kCrcBytes];  // that of the read being received
 };
 

@@ -10,6 +10,7 @@
 #include "gpu/copier.h"
 #include "gpu/gpu.h"
 #include "transfer/memory_registry.h"
+#include "transfer/socket_write.h"
 #include "transfer/tcp/socket_io.h"
 
 namespace ferry {
@@ -385,17 +386,17 @@ void TcpTarget::ReadFromDeviceSerial(const Conn& c, const Header& h, int device,
         std::array<asio::const_buffer, 3> bufs = {
             asio::buffer(head.get(), off == 0 ? wire::kHeaderSize : 0), asio::buffer(buf, n),
             asio::buffer(head.get() + wire::kHeaderSize, crc && last ? wire::kCrcBytes : 0)};
-        asio::async_write(c->socket(), bufs,
-                          [this, c, h, device, buf, off, n, head, summed](auto ec, size_t) {
-                            c->EndFrame();
-                            if (!ec && off + n < h.length) {
-                              return ReadFromDeviceSerial(c, h, device, buf, off + n, head, summed);
-                            }
-                            staging_->Give(buf);
-                            c->HoldReplies(false);
-                            if (ec) return c->Shutdown();
-                            c->ReadNext();
-                          });
+        AsyncWriteAll(c->socket(), bufs,
+                      [this, c, h, device, buf, off, n, head, summed](auto ec, size_t) {
+                        c->EndFrame();
+                        if (!ec && off + n < h.length) {
+                          return ReadFromDeviceSerial(c, h, device, buf, off + n, head, summed);
+                        }
+                        staging_->Give(buf);
+                        c->HoldReplies(false);
+                        if (ec) return c->Shutdown();
+                        c->ReadNext();
+                      });
       });
 }
 
