@@ -17,11 +17,11 @@ struct WholeSends {
   size_t operator()(const asio::error_code& ec, size_t) const { return ec ? 0 : size_t{1} << 30; }
 };
 
-// asio::async_write(sock, buffers, handler) in as few sends as the socket
+// asio::async_write(stream, buffers, handler) in as few sends as the socket
 // allows; the same completion.
-template <typename Buffers, typename Handler>
-void AsyncWriteAll(asio::ip::tcp::socket& sock, const Buffers& buffers, Handler&& handler) {
-  asio::async_write(sock, buffers, WholeSends{}, std::forward<Handler>(handler));
+template <typename Stream, typename Buffers, typename Handler>
+void AsyncWriteAll(Stream& stream, const Buffers& buffers, Handler&& handler) {
+  asio::async_write(stream, buffers, WholeSends{}, std::forward<Handler>(handler));
 }
 
 }  // namespace ferry

@@ -8,8 +8,11 @@
 #error "asio's aligned allocation must be disabled for every file; see CMakeLists.txt"
 #endif
 
+#include <vector>
+
 #include "common/bytes.h"
 #include "transfer/frame_wire.h"
+#include "transfer/socket_write.h"
 
 namespace ferry {
 namespace {
@@ -65,6 +68,40 @@ TEST(Wire, TheChecksumFlagGoesOnDataFramesOnly) {
   EXPECT_EQ(t[0], 0x83);
   EXPECT_EQ(t[3], 0xe3);
   EXPECT_EQ(wire::DecodeCrc(t), 0xe3069283u);
+}
+
+// A stream that records what each send is offered, and takes it all.
+struct OfferedSends {
+  using executor_type = asio::io_context::executor_type;
+  asio::io_context& io;
+  std::vector<size_t> offered;
+  executor_type get_executor() { return io.get_executor(); }
+  template <typename Buffers, typename Handler>
+  void async_write_some(const Buffers& buffers, Handler&& handler) {
+    const size_t n = asio::buffer_size(buffers);
+    offered.push_back(n);
+    asio::post(io, [h = std::forward<Handler>(handler), n]() mutable { h(asio::error_code(), n); });
+  }
+};
+
+// A gathered write of a megabyte is offered to one send whole; asio's own
+// async_write offers 64 KiB at a time (16 sendmsg calls for it on a socket).
+TEST(WholeSends, OneSendIsOfferedTheWholeGatheredWrite) {
+  std::vector<char> header(32), payload(1 << 20);
+  std::vector<asio::const_buffer> bufs = {asio::buffer(header), asio::buffer(payload)};
+  const size_t total = header.size() + payload.size();
+  asio::io_context io;
+  OfferedSends whole{io, {}}, capped{io, {}};
+  size_t wrote = 0;
+  AsyncWriteAll(whole, bufs, [&](asio::error_code ec, size_t n) {
+    EXPECT_FALSE(ec);
+    wrote = n;
+  });
+  asio::async_write(capped, bufs, [](asio::error_code, size_t) {});
+  io.run();
+  EXPECT_EQ(wrote, total);
+  EXPECT_EQ(whole.offered, std::vector<size_t>{total});
+  EXPECT_EQ(capped.offered.size(), total / 65536 + 1) << "asio's ceiling changed";
 }
 
 }  // namespace
