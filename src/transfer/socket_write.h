@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <utility>
 
+#include "common/env.h"
+
 namespace ferry {
 
 // asio's async_write hands the socket at most 64 KiB per send (its
@@ -17,10 +19,18 @@ struct WholeSends {
   size_t operator()(const asio::error_code& ec, size_t) const { return ec ? 0 : size_t{1} << 30; }
 };
 
+// FERRY_TCP_WHOLE_SENDS, read once: 1 (the default) or 0, asio's 64 KiB
+// sends as before, a knob to compare.
+inline bool WholeSendsOn() {
+  static const bool on = env::GetIntIn("FERRY_TCP_WHOLE_SENDS", 0, 1, 1) == 1;
+  return on;
+}
+
 // asio::async_write(stream, buffers, handler) in as few sends as the socket
 // allows; the same completion.
 template <typename Stream, typename Buffers, typename Handler>
 void AsyncWriteAll(Stream& stream, const Buffers& buffers, Handler&& handler) {
+  if (!WholeSendsOn()) return asio::async_write(stream, buffers, std::forward<Handler>(handler));
   asio::async_write(stream, buffers, WholeSends{}, std::forward<Handler>(handler));
 }
 
