@@ -93,7 +93,10 @@ class Connection : public FrameConnection, public std::enable_shared_from_this<C
     o->crc = o->length > 0 && (h.flags & wire::kFlagCrc32c) != 0;
     o->sent = std::move(sent);
     o->ready = true;
-    if (HoldBytes() == 0) return Flush();
+    // A reply with a payload (a read's bytes, the descriptor) goes now, with
+    // any held before it: its bytes are taken as they are when sent, and the
+    // frames after it, writes among them, must not change them first.
+    if (HoldBytes() == 0 || o->length > 0) return Flush();
     if (flush_queued_) return;
     flush_queued_ = true;
     asio::post(sock_.get_executor(), [self = shared_from_this()] { self->DeferredFlush(); });
@@ -150,10 +153,10 @@ class Connection : public FrameConnection, public std::enable_shared_from_this<C
   }
 
  private:
-  // The most frame bytes whose replies may wait for the frames read right
-  // after them (FERRY_TCP_HOLD_ACKS_KIB, read once; 0: each goes out at once).
-  // Held, several small writes' acks leave in one send and wake the initiator
-  // once; a frame of a tcp chunk's 512 KiB is never held, so a large write's
+  // The most frame bytes whose replies without a payload may wait for the
+  // frames read right after them (FERRY_TCP_HOLD_ACKS_KIB, read once; 0: each
+  // goes out at once). Held, several small writes' acks leave in one send and
+  // wake the initiator once; a frame of a tcp chunk's 512 KiB is never held, so a large write's
   // window never waits on its acks. On the 2-core VM 256 KiB lifted 64 KiB
   // writes 6% and reads 14% (docs/performance.md).
   static uint64_t HoldBytes() {
@@ -177,8 +180,8 @@ class Connection : public FrameConnection, public std::enable_shared_from_this<C
           self->Dispatch();
         });
       }
-      if (n == 0) return Shutdown();  // EOF: the peer is gone
-      if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return Shutdown();
+      // The end of the stream, or an error, comes out of the read below, once
+      // the replies held have gone out.
       got = n > 0 ? static_cast<size_t>(n) : 0;
       Flush();
     }
