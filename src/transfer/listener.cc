@@ -156,9 +156,9 @@ class Connection : public FrameConnection, public std::enable_shared_from_this<C
   // The most frame bytes whose replies without a payload may wait for the
   // frames read right after them (FERRY_TCP_HOLD_ACKS_KIB, read once; 0: each
   // goes out at once). Held, several small writes' acks leave in one send and
-  // wake the initiator once; a frame of a tcp chunk's 512 KiB is never held, so a large write's
-  // window never waits on its acks. On the 2-core VM, 256 KiB moved 64 KiB
-  // writes from 0.69 to 0.85 of raw streams (docs/performance.md).
+  // wake the initiator once; a tcp chunk's 512 KiB frame is never held, so a
+  // large write's window never waits on its acks. On the 2-core VM, 256 KiB
+  // moved 64 KiB writes from 0.69 to 0.85 of raw streams (docs/performance.md).
   static uint64_t HoldBytes() {
     static const uint64_t bytes =
         static_cast<uint64_t>(env::GetIntIn("FERRY_TCP_HOLD_ACKS_KIB", 0, 1024, 256)) << 10;
