@@ -7,6 +7,7 @@
 
 #include <asio.hpp>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -18,6 +19,15 @@ namespace ferry {
 // Replies a connection may have pending before it reads no further frame.
 inline constexpr size_t kMaxQueuedReplies = 8;
 
+// Room right after a payload that its receive may fill too (AsyncReadPayload,
+// tcp/socket_io.h): the start of what follows it on the stream, such as the
+// next frame's header, taken in the same call. Never more than `cap`.
+struct ReceiveTail {
+  uint8_t* buf = nullptr;
+  size_t cap = 0;
+  size_t got = 0;  // bytes placed at buf
+};
+
 // One listener connection, as a service sees it. Every call is made on the
 // connection's strand: from FrameService::Serve, from a handler of an
 // operation on socket(), or from a function given to Post.
@@ -28,6 +38,10 @@ class FrameConnection {
   virtual asio::ip::tcp::socket& socket() = 0;
   // The socket's SO_RCVLOWAT as AsyncReadPayload caches it.
   virtual int* rcv_lowat() = 0;
+  // Where a payload's receive may put the next frame's header, which the
+  // connection then reads no more (valid while the frame is served, before
+  // its ReadNext).
+  virtual ReceiveTail* header_tail() = 0;
   // The peer's address, for logs.
   virtual const std::string& peer() const = 0;
   // Runs `fn` on the strand.

@@ -13,6 +13,7 @@
 #include "common/bytes.h"
 #include "transfer/frame_wire.h"
 #include "transfer/socket_write.h"
+#include "transfer/tcp/socket_io.h"
 
 namespace ferry {
 namespace {
@@ -102,6 +103,47 @@ TEST(WholeSends, OneSendIsOfferedTheWholeGatheredWrite) {
   EXPECT_EQ(wrote, total);
   EXPECT_EQ(whole.offered, std::vector<size_t>{total});
   EXPECT_EQ(capped.offered.size(), total / 65536 + 1) << "asio's ceiling changed";
+}
+
+// With a tail, the receive that ends a payload also takes what follows it,
+// up to the tail's room and no further: the next frame's header comes in
+// the same call, and the bytes after it stay on the socket.
+TEST(PayloadReceive, TheTailTakesWhatFollowsUpToItsRoom) {
+  asio::io_context io;
+  asio::ip::tcp::acceptor acceptor(io, {asio::ip::address_v4::loopback(), 0});
+  asio::ip::tcp::socket sender(io), receiver(io);
+  sender.connect(acceptor.local_endpoint());
+  acceptor.accept(receiver);
+  sender.set_option(asio::ip::tcp::no_delay(true));  // else Nagle may hold what follows
+  std::vector<char> sent(64 << 10);
+  for (size_t i = 0; i < sent.size(); ++i) sent[i] = static_cast<char>(i * 13 + 5);
+  const std::string next(32, 'h'), after = "rest of the stream";
+  std::vector<char> stream(sent);
+  stream.insert(stream.end(), next.begin(), next.end());
+  stream.insert(stream.end(), after.begin(), after.end());
+  // One send: on loopback every byte is queued at the receiver when it returns.
+  ASSERT_EQ(::send(sender.native_handle(), stream.data(), stream.size(), 0),
+            static_cast<ssize_t>(stream.size()));
+  std::vector<char> payload(sent.size());
+  uint8_t header[32];
+  ReceiveTail tail{header, sizeof(header), 0};
+  int lowat = 1;
+  bool done = false;
+  AsyncReadPayload(
+      receiver, payload.data(), payload.size(), &lowat,
+      [&](asio::error_code ec) {
+        EXPECT_FALSE(ec);
+        done = true;
+      },
+      &tail);
+  io.run();
+  ASSERT_TRUE(done);
+  EXPECT_EQ(payload, sent);
+  ASSERT_EQ(tail.got, sizeof(header)) << "the next header did not come with the payload";
+  EXPECT_EQ(std::string(reinterpret_cast<char*>(header), sizeof(header)), next);
+  std::string rest(after.size(), '\0');
+  asio::read(receiver, asio::buffer(rest));
+  EXPECT_EQ(rest, after);
 }
 
 }  // namespace

@@ -217,10 +217,22 @@ void Lane::Pump() {
 
 // The next reply: from the inbox when a whole header is there, else after a
 // receive of whatever has come. Only then, with every reply in hand taken,
-// does the window's room go out, all of it in one send.
+// does the window's room go out, all of it in one send (a completed read
+// sends its room at once: see OnReply).
 void Lane::ReadReply(uint64_t gen) {
   if (gen != gen_) return;
-  if (in_end_ - in_begin_ >= wire::kHeaderSize) return OnReply(gen);
+  if (in_end_ - in_begin_ >= wire::kHeaderSize) {
+    // Replies in hand are taken on this stack while they are few in a row,
+    // and their payloads small; then through the strand's queue, which
+    // bounds the stack and lets the io thread's other lanes have their turn.
+    if (inline_replies_ < kInlineReplies && inline_bytes_ < kInlineBytes) {
+      ++inline_replies_;
+      OnReply(gen);
+      if (--inline_replies_ == 0) inline_bytes_ = 0;
+      return;
+    }
+    return asio::post(strand_, [self = shared_from_this(), gen] { self->ReadReply(gen); });
+  }
   std::memmove(inbox_, inbox_ + in_begin_, in_end_ - in_begin_);
   in_end_ -= in_begin_;
   in_begin_ = 0;
@@ -290,18 +302,30 @@ void Lane::OnReply(uint64_t gen) {
     return Fail(Status::ProtocolError(cfg_.peer_name + (crc ? " sent a read without its checksum"
                                                             : " sent an unasked-for checksum")));
   }
+  if (inline_replies_ > 0) inline_bytes_ += t.length;
   const size_t have = TakeFromInbox(t.local, t.length);
   auto landed = [self = shared_from_this(), gen, crc](asio::error_code ec) {
     if (gen != self->gen_) return;
     if (ec) {
       return self->Fail(Status::ConnectionLost(self->cfg_.peer_name + " closed mid-payload"));
     }
+    self->in_end_ += self->tail_.got;
+    self->tail_.got = 0;
     if (crc) return self->ReadChecked(gen);
     self->Complete(Status::Ok());
+    // The inbox may hold the next reply's header already: the window's room
+    // goes out now, not once the inbox runs dry.
+    self->Pump();
     self->ReadReply(gen);
   };
   if (have == t.length) return landed(asio::error_code());
-  AsyncReadPayload(sock_, t.local + have, t.length - have, &lowat_, std::move(landed));
+  // The inbox is empty (the payload took all of it). A small read's receive
+  // that ends the payload fills it with what came after, the next reply's
+  // header first: one receive a reply. A large one's is one receive among
+  // several, and it gained nothing measurable on the 2-core VM.
+  in_begin_ = in_end_ = 0;
+  tail_ = {inbox_, t.length <= kTailedReadBytes ? sizeof(inbox_) : 0, 0};
+  AsyncReadPayload(sock_, t.local + have, t.length - have, &lowat_, std::move(landed), &tail_);
 }
 
 // The trailer of a checksummed read whose payload is in: a mismatch fails

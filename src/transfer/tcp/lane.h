@@ -27,6 +27,7 @@
 
 #include "common/auth.h"
 #include "transfer/batch.h"
+#include "transfer/frame_service.h"
 #include "transfer/frame_wire.h"
 
 namespace ferry {
@@ -148,6 +149,12 @@ class Lane : public std::enable_shared_from_this<Lane> {
   // read's payload bytes that came along are copied out of it.
   uint8_t inbox_[1024];
   size_t in_begin_ = 0, in_end_ = 0;
+  ReceiveTail tail_;  // a small read payload's receive fills the inbox after it
+  static constexpr uint64_t kTailedReadBytes = 128 << 10;
+  static constexpr int kInlineReplies = 64;
+  static constexpr uint64_t kInlineBytes = 512 << 10;
+  int inline_replies_ = 0;     // replies taken from the inbox on the stack now
+  uint64_t inline_bytes_ = 0;  // and the bytes of the reads among them
   uint8_t in_crc_[wire::kCrcBytes];  // that of the read being received
 };
 

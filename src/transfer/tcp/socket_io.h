@@ -5,6 +5,7 @@
 #pragma once
 
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <algorithm>
 #include <asio.hpp>
@@ -12,6 +13,7 @@
 #include <cstdint>
 
 #include "common/env.h"
+#include "transfer/frame_service.h"
 
 namespace ferry {
 
@@ -32,15 +34,32 @@ inline void SetRcvLowat(int fd, int* current, int want) {
 // Reads exactly `left` bytes into `dst`, then calls handler(error_code), maybe
 // inline. `lowat` caches the socket's SO_RCVLOWAT and is 1 again on return, so
 // header reads are unaffected. `sock` and `lowat` must outlive the read.
+//
+// With a `tail`, the receive that ends the payload also takes what has come
+// after it, up to the tail's room: a stream of frames then costs one receive
+// each instead of two (payload, then the next header). `tail` must outlive
+// the read.
 template <typename Handler>
 void AsyncReadPayload(asio::ip::tcp::socket& sock, char* dst, uint64_t left, int* lowat,
-                      Handler handler) {
+                      Handler handler, ReceiveTail* tail = nullptr) {
   const int fd = sock.native_handle();
   while (left > 0) {
-    ssize_t n = ::recv(fd, dst, left, MSG_DONTWAIT);
+    ssize_t n;
+    if (tail != nullptr && tail->got < tail->cap) {
+      // The kernel fills the payload first: the tail gets only what follows it.
+      iovec iov[2] = {{dst, left}, {tail->buf + tail->got, tail->cap - tail->got}};
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = 2;
+      n = ::recvmsg(fd, &msg, MSG_DONTWAIT);
+    } else {
+      n = ::recv(fd, dst, left, MSG_DONTWAIT);
+    }
     if (n > 0) {
-      dst += n;
-      left -= static_cast<uint64_t>(n);
+      const uint64_t took = std::min<uint64_t>(static_cast<uint64_t>(n), left);
+      dst += took;
+      left -= took;
+      if (tail != nullptr) tail->got += static_cast<size_t>(n) - took;
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
@@ -58,12 +77,12 @@ void AsyncReadPayload(asio::ip::tcp::socket& sock, char* dst, uint64_t left, int
   SetRcvLowat(fd, lowat, static_cast<int>(std::clamp<uint64_t>(PayloadLowat(), 1, left)));
   sock.async_wait(
       asio::ip::tcp::socket::wait_read,
-      [&sock, dst, left, lowat, handler = std::move(handler)](asio::error_code ec) mutable {
+      [&sock, dst, left, lowat, tail, handler = std::move(handler)](asio::error_code ec) mutable {
         if (ec) {
           SetRcvLowat(sock.native_handle(), lowat, 1);
           return handler(ec);
         }
-        AsyncReadPayload(sock, dst, left, lowat, std::move(handler));
+        AsyncReadPayload(sock, dst, left, lowat, std::move(handler), tail);
       });
 }
 

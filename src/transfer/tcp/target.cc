@@ -110,13 +110,16 @@ void TcpTarget::HandleWrite(const Conn& c, const Header& h) {
   }
   if (crc) return WriteChecked(c, h);
   c->BeginFrame();
-  AsyncReadPayload(c->socket(), reinterpret_cast<char*>(h.addr), h.length, c->rcv_lowat(),
-                   [c, h](asio::error_code ec) {
-                     c->EndFrame();
-                     if (ec) return c->Shutdown();
-                     c->Reply({Opcode::kWriteAck, StatusCode::kOk, h.id, h.addr, 0}, nullptr);
-                     c->ReadNext();
-                   });
+  // The receive that ends the payload takes the next header along.
+  AsyncReadPayload(
+      c->socket(), reinterpret_cast<char*>(h.addr), h.length, c->rcv_lowat(),
+      [c, h](asio::error_code ec) {
+        c->EndFrame();
+        if (ec) return c->Shutdown();
+        c->Reply({Opcode::kWriteAck, StatusCode::kOk, h.id, h.addr, 0}, nullptr);
+        c->ReadNext();
+      },
+      c->header_tail());
 }
 
 // A checksummed write to host memory lands in a bounce buffer first, so a
