@@ -28,6 +28,34 @@ struct ReceiveTail {
   size_t got = 0;  // bytes placed at buf
 };
 
+// Bounds the frames (or replies) handled one inside another on a stack, by
+// count and by payload bytes: past either, the next goes through the io
+// queue, which bounds the stack and lets the thread's other sockets have
+// their turn. Used on one strand.
+class StackBudget {
+ public:
+  constexpr StackBudget(int calls, uint64_t bytes) : max_calls_(calls), max_bytes_(bytes) {}
+  bool Allows() const { return calls_ < max_calls_ && bytes_ < max_bytes_; }
+  // Runs `fn` on this stack; the bytes counted are forgotten once the
+  // outermost call returns.
+  template <typename Fn>
+  void Run(Fn&& fn) {
+    ++calls_;
+    fn();
+    if (--calls_ == 0) bytes_ = 0;
+  }
+  // Payload bytes of what is handled inside a Run.
+  void Count(uint64_t bytes) {
+    if (calls_ > 0) bytes_ += bytes;
+  }
+
+ private:
+  const int max_calls_;
+  const uint64_t max_bytes_;
+  int calls_ = 0;
+  uint64_t bytes_ = 0;
+};
+
 // One listener connection, as a service sees it. Every call is made on the
 // connection's strand: from FrameService::Serve, from a handler of an
 // operation on socket(), or from a function given to Post.

@@ -201,14 +201,9 @@ class Connection : public FrameConnection, public std::enable_shared_from_this<C
   // DeferredFlush would send them.
   void DispatchInHand() {
     if (held_bytes_ >= HoldBytes()) Flush();
-    auto next = wire::DecodeHeader(in_);  // a bad one is dropped by Dispatch either way
+    auto next = wire::DecodeHeader(in_);  // a bad one is dropped by Handle either way
     const bool small = !next.ok() || next.value().length <= kInlineFrameBytes;
-    if (small && inline_frames_ < kInlineFrames && inline_bytes_ < kInlineBytes) {
-      ++inline_frames_;
-      Dispatch();
-      if (--inline_frames_ == 0) inline_bytes_ = 0;
-      return;
-    }
+    if (small && inline_.Allows()) return inline_.Run([&] { Handle(next); });
     dispatch_queued_ = true;
     asio::post(sock_.get_executor(), [self = shared_from_this()] {
       self->dispatch_queued_ = false;
@@ -269,12 +264,13 @@ class Connection : public FrameConnection, public std::enable_shared_from_this<C
                   });
   }
 
-  void Dispatch() {
-    auto decoded = wire::DecodeHeader(in_);
+  void Dispatch() { Handle(wire::DecodeHeader(in_)); }
+
+  void Handle(const Result<Header>& decoded) {
     if (!decoded.ok()) return Drop(decoded.status().ToString());
     const Header h = decoded.value();
     held_bytes_ += h.length;
-    if (inline_frames_ > 0) inline_bytes_ += h.length;
+    inline_.Count(h.length);
     // Only replies carry a status; a request with one set is malformed.
     if (h.status != StatusCode::kOk) {
       return Drop("a request carries status " + std::string(StatusCodeName(h.status)));
@@ -424,11 +420,8 @@ class Connection : public FrameConnection, public std::enable_shared_from_this<C
   Clock::time_point progress_ = Clock::now();
   uint8_t in_[wire::kHeaderSize];
   ReceiveTail tail_{in_, sizeof(in_), 0};  // header_tail(): the next header, into in_
-  static constexpr int kInlineFrames = 16;
   static constexpr uint64_t kInlineFrameBytes = 128 << 10;
-  static constexpr uint64_t kInlineBytes = 512 << 10;
-  int inline_frames_ = 0;     // frames served from DispatchInHand on the stack now
-  uint64_t inline_bytes_ = 0;  // and their bytes
+  StackBudget inline_{16, 512 << 10};  // frames DispatchInHand serves on its stack
   std::deque<std::shared_ptr<Slot>> outq_;  // replies in frame order
   bool writing_ = false;
   bool read_paused_ = false;

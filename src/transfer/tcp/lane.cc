@@ -225,12 +225,7 @@ void Lane::ReadReply(uint64_t gen) {
     // Replies in hand are taken on this stack while they are few in a row,
     // and their payloads small; then through the strand's queue, which
     // bounds the stack and lets the io thread's other lanes have their turn.
-    if (inline_replies_ < kInlineReplies && inline_bytes_ < kInlineBytes) {
-      ++inline_replies_;
-      OnReply(gen);
-      if (--inline_replies_ == 0) inline_bytes_ = 0;
-      return;
-    }
+    if (inline_.Allows()) return inline_.Run([&] { OnReply(gen); });
     return asio::post(strand_, [self = shared_from_this(), gen] { self->ReadReply(gen); });
   }
   std::memmove(inbox_, inbox_ + in_begin_, in_end_ - in_begin_);
@@ -302,7 +297,7 @@ void Lane::OnReply(uint64_t gen) {
     return Fail(Status::ProtocolError(cfg_.peer_name + (crc ? " sent a read without its checksum"
                                                             : " sent an unasked-for checksum")));
   }
-  if (inline_replies_ > 0) inline_bytes_ += t.length;
+  inline_.Count(t.length);
   const size_t have = TakeFromInbox(t.local, t.length);
   auto landed = [self = shared_from_this(), gen, crc](asio::error_code ec) {
     if (gen != self->gen_) return;

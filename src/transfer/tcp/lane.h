@@ -151,10 +151,7 @@ class Lane : public std::enable_shared_from_this<Lane> {
   size_t in_begin_ = 0, in_end_ = 0;
   ReceiveTail tail_;  // a small read payload's receive fills the inbox after it
   static constexpr uint64_t kTailedReadBytes = 128 << 10;
-  static constexpr int kInlineReplies = 64;
-  static constexpr uint64_t kInlineBytes = 512 << 10;
-  int inline_replies_ = 0;     // replies taken from the inbox on the stack now
-  uint64_t inline_bytes_ = 0;  // and the bytes of the reads among them
+  StackBudget inline_{64, 512 << 10};  // replies ReadReply takes from the inbox on its stack
   uint8_t in_crc_[wire::kCrcBytes];  // that of the read being received
 };
 
