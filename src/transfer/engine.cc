@@ -28,6 +28,7 @@
 #include "gpu/copier.h"
 #include "gpu/gpu.h"
 #include "transfer/etcd_metadata.h"
+#include "transfer/frame_service.h"
 #include "transfer/io_pool.h"
 #include "transfer/listener.h"
 #include "transfer/local_memory.h"
@@ -122,6 +123,7 @@ class Engine::Impl {
     cfg.frame_timeout = options_.request_timeout;
     cfg.handshake_timeout = options_.connect_timeout;  // what our own connects allow
     cfg.key = key_;
+    cfg.rcv_lowat_ceiling = RcvLowatCeiling(options_.io_spin_us);
     FERRY_ASSIGN_OR_RETURN(int64_t max_connections, env::GetInt("FERRY_MAX_CONNECTIONS", 1024));
     // A quarter by default, at least room for a few engines' lanes from one host.
     FERRY_ASSIGN_OR_RETURN(int64_t per_source,

@@ -54,7 +54,8 @@ class Connection : public FrameConnection, public std::enable_shared_from_this<C
         descriptor_(descriptor),
         services_(services),
         refusals_(refusals),
-        authed_(cfg.key == nullptr) {}
+        authed_(cfg.key == nullptr),
+        lowat_{cfg.rcv_lowat_ceiling, 1} {}
 
   void Start() {
     asio::error_code ec;
@@ -74,7 +75,7 @@ class Connection : public FrameConnection, public std::enable_shared_from_this<C
   // ---- FrameConnection ----
 
   tcp::socket& socket() override { return sock_; }
-  int* rcv_lowat() override { return &lowat_; }
+  RcvLowat* rcv_lowat() override { return &lowat_; }
   ReceiveTail* header_tail() override { return &tail_; }
   const std::string& peer() const override { return peer_; }
   void Post(std::function<void()> fn) override { asio::post(sock_.get_executor(), std::move(fn)); }
@@ -415,7 +416,7 @@ class Connection : public FrameConnection, public std::enable_shared_from_this<C
   uint8_t challenge_[auth::kNonceBytes + auth::kMacBytes];
   uint8_t hs_[std::max(auth::kNonceBytes, auth::kMacBytes)];
   const Clock::time_point accepted_ = Clock::now();
-  int lowat_ = 1;
+  RcvLowat lowat_;
   int busy_ = 0;  // reads and writes under way
   Clock::time_point progress_ = Clock::now();
   uint8_t in_[wire::kHeaderSize];

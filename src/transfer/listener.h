@@ -51,6 +51,8 @@ class Listener {
     // Peers must prove this secret; null: none do. Without one, a host that
     // is not loopback is bound with a warning.
     std::shared_ptr<const auth::Key> key;
+    // The most a payload's receive raises SO_RCVLOWAT to (RcvLowat); 0: never.
+    int rcv_lowat_ceiling = 0;
     // Where an accepted connection's socket goes; empty: the acceptor's io.
     std::function<asio::io_context&()> place;
   };

@@ -127,7 +127,7 @@ TEST(PayloadReceive, TheTailTakesWhatFollowsUpToItsRoom) {
   std::vector<char> payload(sent.size());
   uint8_t header[32];
   ReceiveTail tail{header, sizeof(header), 0};
-  int lowat = 1;
+  RcvLowat lowat;
   bool done = false;
   AsyncReadPayload(
       receiver, payload.data(), payload.size(), &lowat,
@@ -144,6 +144,63 @@ TEST(PayloadReceive, TheTailTakesWhatFollowsUpToItsRoom) {
   std::string rest(after.size(), '\0');
   asio::read(receiver, asio::buffer(rest));
   EXPECT_EQ(rest, after);
+}
+
+// While a payload is awaited, the socket's SO_RCVLOWAT is raised to the
+// ceiling, never past what remains, and is 1 again once the payload is in;
+// with no ceiling it is never raised.
+TEST(PayloadReceive, TheLowWaterMarkRisesToItsCeilingOnlyWhileAwaiting) {
+  for (const int ceiling : {0, 16 << 10, 256 << 10}) {
+    SCOPED_TRACE(ceiling);
+    asio::io_context io;
+    asio::ip::tcp::acceptor acceptor(io, {asio::ip::address_v4::loopback(), 0});
+    asio::ip::tcp::socket sender(io), receiver(io);
+    sender.connect(acceptor.local_endpoint());
+    acceptor.accept(receiver);
+    std::vector<char> sent(64 << 10);
+    for (size_t i = 0; i < sent.size(); ++i) sent[i] = static_cast<char>(i * 7 + 1);
+    const size_t first = 8 << 10;
+    ASSERT_EQ(::send(sender.native_handle(), sent.data(), first, 0), static_cast<ssize_t>(first));
+    std::vector<char> payload(sent.size());
+    RcvLowat lowat{ceiling, 1};
+    bool done = false;
+    AsyncReadPayload(receiver, payload.data(), payload.size(), &lowat, [&](asio::error_code ec) {
+      EXPECT_FALSE(ec);
+      done = true;
+    });
+    io.poll();  // takes what has come, then waits for the rest
+    ASSERT_FALSE(done);
+    auto mark = [&] {
+      int v = 0;
+      socklen_t len = sizeof(v);
+      EXPECT_EQ(::getsockopt(receiver.native_handle(), SOL_SOCKET, SO_RCVLOWAT, &v, &len), 0);
+      return v;
+    };
+    const int awaiting = ceiling == 0 ? 1 : std::min<int>(ceiling, sent.size() - first);
+    EXPECT_EQ(mark(), awaiting);
+    EXPECT_EQ(lowat.current, awaiting);
+    asio::write(sender, asio::buffer(sent.data() + first, sent.size() - first));
+    io.restart();
+    io.run();
+    ASSERT_TRUE(done);
+    EXPECT_EQ(payload, sent);
+    EXPECT_EQ(mark(), 1);
+    EXPECT_EQ(lowat.current, 1);
+  }
+}
+
+// The ceiling: 256 KiB where the io threads sleep at once, none where they
+// poll; FERRY_TCP_RCVLOWAT_KIB where set, for both.
+TEST(PayloadReceive, TheLowWaterMarkCeilingFollowsPolling) {
+  unsetenv("FERRY_TCP_RCVLOWAT_KIB");
+  EXPECT_EQ(RcvLowatCeiling(0), 256 << 10);
+  EXPECT_EQ(RcvLowatCeiling(50), 0);
+  setenv("FERRY_TCP_RCVLOWAT_KIB", "64", 1);
+  EXPECT_EQ(RcvLowatCeiling(0), 64 << 10);
+  EXPECT_EQ(RcvLowatCeiling(50), 64 << 10);
+  setenv("FERRY_TCP_RCVLOWAT_KIB", "0", 1);
+  EXPECT_EQ(RcvLowatCeiling(0), 0);
+  unsetenv("FERRY_TCP_RCVLOWAT_KIB");
 }
 
 }  // namespace

@@ -97,7 +97,7 @@ void Lane::KickNow() {
 
 void Lane::Connect() {
   state_ = State::kConnecting;
-  lowat_ = 1;
+  lowat_ = {cfg_.rcv_lowat_ceiling, 1};
   in_begin_ = in_end_ = 0;
   const uint64_t gen = ++gen_;
   connect_deadline_ = Deadline::After(cfg_.connect_timeout);

@@ -82,6 +82,7 @@ class Lane : public std::enable_shared_from_this<Lane> {
     int max_in_flight = 4;  // doubled for GPU memory, raised for small chunks: see Window()
     // Writes carry a CRC-32C and reads ask for one (EngineOptions::tcp_checksum).
     bool checksum = false;
+    int rcv_lowat_ceiling = 0;  // RcvLowat: the most a payload's receive raises it to
     Millis connect_timeout{5000};
     Millis progress_timeout{30000};
     std::shared_ptr<const auth::Key> key;  // the cluster secret; null: none
@@ -130,7 +131,7 @@ class Lane : public std::enable_shared_from_this<Lane> {
   uint64_t gen_ = 0;  // bumped per connection; stale handlers see a mismatch
   bool writing_ = false;
   bool timer_armed_ = false;
-  int lowat_ = 1;  // the socket's SO_RCVLOWAT
+  RcvLowat lowat_;  // the socket's SO_RCVLOWAT
   uint64_t next_id_ = 1;
   Clock::time_point last_progress_;
   Deadline connect_deadline_;

@@ -12,35 +12,26 @@
 #include <cerrno>
 #include <cstdint>
 
-#include "common/env.h"
 #include "transfer/frame_service.h"
 
 namespace ferry {
 
-// The most SO_RCVLOWAT is raised to while a payload is awaited, read once:
-// FERRY_TCP_RCVLOWAT_KIB, a knob to compare, default 256 KiB (0 never raises
-// it). On the H200 machine 64 KiB and 0 were slower at 1 MiB (2026-12-03).
-inline int PayloadLowat() {
-  static const int bytes = static_cast<int>(env::GetIntIn("FERRY_TCP_RCVLOWAT_KIB", 0, 4096, 256))
-                           << 10;
-  return bytes;
-}
-
-inline void SetRcvLowat(int fd, int* current, int want) {
-  if (*current == want) return;
-  if (setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof(want)) == 0) *current = want;
+inline void SetRcvLowat(int fd, RcvLowat* lowat, int want) {
+  if (lowat->current == want) return;
+  if (setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof(want)) == 0) lowat->current = want;
 }
 
 // Reads exactly `left` bytes into `dst`, then calls handler(error_code), maybe
-// inline. `lowat` caches the socket's SO_RCVLOWAT and is 1 again on return, so
-// header reads are unaffected. `sock` and `lowat` must outlive the read.
+// inline. While it waits, the socket's SO_RCVLOWAT is raised to `lowat`'s
+// ceiling (at most what remains); it is 1 again on return, so header reads
+// are unaffected. `sock` and `lowat` must outlive the read.
 //
 // With a `tail`, the receive that ends the payload also takes what has come
 // after it, up to the tail's room: a stream of frames then costs one receive
 // each instead of two (payload, then the next header). `tail` must outlive
 // the read.
 template <typename Handler>
-void AsyncReadPayload(asio::ip::tcp::socket& sock, char* dst, uint64_t left, int* lowat,
+void AsyncReadPayload(asio::ip::tcp::socket& sock, char* dst, uint64_t left, RcvLowat* lowat,
                       Handler handler, ReceiveTail* tail = nullptr) {
   const int fd = sock.native_handle();
   while (left > 0) {
@@ -74,7 +65,8 @@ void AsyncReadPayload(asio::ip::tcp::socket& sock, char* dst, uint64_t left, int
     return handler(asio::error_code());
   }
   // Never ask for more than remains, or the last bytes would never wake us.
-  SetRcvLowat(fd, lowat, static_cast<int>(std::clamp<uint64_t>(PayloadLowat(), 1, left)));
+  SetRcvLowat(fd, lowat,
+              static_cast<int>(std::clamp<uint64_t>(static_cast<uint64_t>(lowat->ceiling), 1, left)));
   sock.async_wait(
       asio::ip::tcp::socket::wait_read,
       [&sock, dst, left, lowat, tail, handler = std::move(handler)](asio::error_code ec) mutable {

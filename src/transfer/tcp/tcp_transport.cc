@@ -236,6 +236,7 @@ class TcpTransport : public Transport {
     cfg.epoch = segment->descriptor()->epoch;
     cfg.max_in_flight = ctx_.options.tcp_chunks_in_flight;
     cfg.checksum = ctx_.options.tcp_checksum;
+    cfg.rcv_lowat_ceiling = RcvLowatCeiling(ctx_.options.io_spin_us);
     cfg.connect_timeout = ctx_.options.connect_timeout;
     cfg.progress_timeout = ctx_.options.request_timeout;
     cfg.key = ctx_.key;
