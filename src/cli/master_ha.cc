@@ -73,6 +73,13 @@ class Candidate {
     StopStandby();
     store::MasterServerOptions o = o_;
     o.master.term = term;
+    // The nodes on the roster will mount again: misses wait for them.
+    if (auto roster = store::ReadRoster(*etcd_, cluster_); roster.ok()) {
+      o.master.awaited_nodes = std::move(roster).value();
+    } else {
+      FERRY_LOG_WARN("master: no roster ({}); a miss is trusted before the nodes mount",
+                     roster.status().ToString());
+    }
     // The port was ours a term ago; a server of that term may still hold it.
     Result<std::unique_ptr<store::MasterServer>> s = Status::Unavailable("not started");
     for (int i = 0; i < 50; ++i) {
@@ -91,8 +98,10 @@ class Candidate {
     term_ = term;
     ++elections_;
     failover_ = vacancy + std::chrono::duration_cast<Millis>(Clock::now() - t0);
-    FERRY_LOG_WARN("master: leading in term {}; serving {} ms after the seat was seen empty", term,
-                   failover_.count());
+    FERRY_LOG_WARN(
+        "master: leading in term {}; serving {} ms after the seat was seen empty; awaiting {} "
+        "nodes on the roster",
+        term, failover_.count(), o.master.awaited_nodes.size());
   }
 
   void Deposed() {

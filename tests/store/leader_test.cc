@@ -86,6 +86,30 @@ class LeaderLive : public ::testing::Test {
   std::shared_ptr<coord::EtcdClient> client_;
 };
 
+// Nodes on the roster are listed while their entries live; an entry goes
+// when its node stops, and bad names are refused.
+TEST_F(LeaderLive, TheRosterListsLiveNodesOnly) {
+  auto empty = ReadRoster(*client_, "c1");
+  ASSERT_TRUE(empty.ok()) << empty.status().ToString();
+  EXPECT_TRUE(empty.value().empty());
+  auto a = RosterEntry::Start(client_, "c1", "10.0.0.1:7000", 1);
+  auto b = RosterEntry::Start(client_, "c1", "10.0.0.2:7000", 1);
+  auto other = RosterEntry::Start(client_, "c2", "10.0.0.3:7000", 1);
+  ASSERT_TRUE(a.ok() && b.ok() && other.ok()) << a.status().ToString();
+  auto two = ReadRoster(*client_, "c1");
+  ASSERT_TRUE(two.ok());
+  EXPECT_EQ(two.value(), (std::vector<std::string>{"10.0.0.1:7000", "10.0.0.2:7000"}));
+  // Past its TTL, kept alive: still there.
+  std::this_thread::sleep_for(Millis(1500));
+  EXPECT_EQ(ReadRoster(*client_, "c1").value().size(), 2u);
+  a.value().reset();  // revoked at once, not after its TTL
+  EXPECT_EQ(ReadRoster(*client_, "c1").value(), std::vector<std::string>{"10.0.0.2:7000"});
+  EXPECT_EQ(RosterEntry::Start(client_, "c1", "", 2).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(RosterEntry::Start(client_, "c1", "n", 0).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
 TEST_F(LeaderLive, OneOfTwoCandidatesLeadsAndTheResolverFindsIt) {
   Events ea, eb;
   auto a = Candidate("127.0.0.1:1001", &ea);

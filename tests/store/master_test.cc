@@ -55,6 +55,44 @@ TEST(Master, APutIsInvisibleUntilCommittedAndAbortFreesIt) {
   EXPECT_EQ(m.Exists("j").code(), StatusCode::kNotFound);
 }
 
+// A master elected with nodes on the roster is not sure of a miss until
+// they have mounted again: Get, Exists, Remove and Pin say Unavailable, and
+// name what they wait for; once every awaited node has mounted, NotFound.
+TEST(Master, AMissIsUnsureUntilTheAwaitedNodesHaveMounted) {
+  MasterOptions o = Fast();
+  o.awaited_nodes = {"a:1", "b:1"};
+  Master m(o);
+  auto unsure = [&](const Status& st) {
+    EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+    EXPECT_NE(st.message().find("rebuilding"), std::string::npos) << st.ToString();
+  };
+  unsure(m.Get("k").status());
+  ASSERT_TRUE(m.Mount("a:1", 1, {{kBase, 1 << 20}}).ok());
+  ASSERT_TRUE(Put(m, "here", 100).ok());  // what is known is served meanwhile
+  EXPECT_TRUE(m.Get("here").ok());
+  unsure(m.Get("k").status());
+  unsure(m.Exists("k"));
+  unsure(m.Remove("k", true));
+  unsure(m.SetPin("k", StorePin::kSoft, Millis(1000)));
+  EXPECT_NE(m.Get("k").status().message().find("b:1"), std::string::npos);
+  ASSERT_TRUE(m.Mount("b:1", 1, {{kBase, 1 << 20}}).ok());
+  EXPECT_EQ(m.Get("k").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(m.Exists("k").code(), StatusCode::kNotFound);
+  EXPECT_EQ(m.Remove("k", true).code(), StatusCode::kNotFound);
+}
+
+// An awaited node that never mounts is waited for one node TTL at most: a
+// node silent that long is gone.
+TEST(Master, AnAwaitedNodeThatNeverMountsIsWaitedForOneNodeTtl) {
+  MasterOptions o = Fast();
+  o.node_ttl = Millis(50);
+  o.awaited_nodes = {"gone:1"};
+  Master m(o);
+  EXPECT_EQ(m.Exists("k").code(), StatusCode::kUnavailable);
+  EXPECT_TRUE(Eventually([&] { return m.Exists("k").code() == StatusCode::kNotFound; }));
+  EXPECT_EQ(m.Get("k").status().code(), StatusCode::kNotFound);
+}
+
 TEST(Master, AbandonedPutIsReclaimed) {
   Master m(Fast());
   ASSERT_TRUE(m.Mount("n:1", 1, {{kBase, 4096}}).ok());

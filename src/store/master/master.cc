@@ -8,7 +8,12 @@
 
 namespace ferry::store {
 
-Master::Master(MasterOptions options) : options_(std::move(options)), term_(options_.term) {
+Master::Master(MasterOptions options)
+    : options_(std::move(options)),
+      term_(options_.term),
+      awaited_(options_.awaited_nodes.begin(), options_.awaited_nodes.end()),
+      rebuilt_by_(Clock::now() + options_.node_ttl) {
+  rebuilding_ = !awaited_.empty();
   const int n = std::max(1, options_.shards);
   for (int i = 0; i < n; ++i) shards_.push_back(std::make_unique<Shard>());
   ticker_ = std::make_unique<Ticker>("ferry-master", options_.tick, [this](bool) { Tick(); });
@@ -58,6 +63,10 @@ Result<MountReply> Master::Mount(const NodeMount& m) {
   }
   recovered_last_ = recovered;
   FERRY_COUNT(recovered_total, recovered);
+  if (rebuilding_.load(std::memory_order_acquire)) {
+    std::lock_guard lk(awaited_mu_);  // after Recover: its objects are known now
+    awaited_.erase(m.node);
+  }
   FERRY_LOG_INFO(
       "master: node {} (epoch {:x}) mounted {} regions (generation {}); {} of {} catalog "
       "entries recovered",
@@ -327,6 +336,7 @@ Result<GetGrant> Master::Get(const std::string& key) {
   std::lock_guard lock(shard.mu);
   auto it = shard.objects.find(key);
   if (it == shard.objects.end() || !it->second.complete) {
+    FERRY_RETURN_IF_ERROR(MissIsSure());
     FERRY_COUNT(get_misses, 1);
     return Status::NotFound("no such key");
   }
@@ -369,9 +379,24 @@ Status Master::Exists(const std::string& key) {
   std::lock_guard lock(shard.mu);
   auto it = shard.objects.find(key);
   if (it == shard.objects.end() || !it->second.complete) {
+    FERRY_RETURN_IF_ERROR(MissIsSure());
     return Status::NotFound("no such key");
   }
   return Status::Ok();
+}
+
+Status Master::MissIsSure() {
+  if (!rebuilding_.load(std::memory_order_acquire)) return Status::Ok();
+  std::lock_guard lk(awaited_mu_);
+  if (awaited_.empty() || Clock::now() >= rebuilt_by_) {
+    rebuilding_ = false;
+    return Status::Ok();
+  }
+  return Status::Unavailable(fmt::format(
+      "not sure the key is absent: this master is rebuilding its catalog, and {} node(s) "
+      "such as {} have still to mount again (at most {} ms more)",
+      awaited_.size(), *awaited_.begin(),
+      std::chrono::duration_cast<Millis>(rebuilt_by_ - Clock::now()).count()));
 }
 
 Status Master::Remove(const std::string& key, bool force) {
@@ -392,7 +417,10 @@ Status Master::RemoveOne(const std::string& key, bool force, std::vector<Queued>
   Shard& shard = ShardOf(key);
   std::lock_guard lock(shard.mu);
   auto it = shard.objects.find(key);
-  if (it == shard.objects.end()) return Status::NotFound("no such key");
+  if (it == shard.objects.end()) {
+    FERRY_RETURN_IF_ERROR(MissIsSure());
+    return Status::NotFound("no such key");
+  }
   return RemoveLocked(shard, it, force, Clock::now(), queued);
 }
 
@@ -433,6 +461,7 @@ Status Master::SetPin(const std::string& key, StorePin pin, Millis ttl) {
   std::lock_guard lock(shard.mu);
   auto it = shard.objects.find(key);
   if (it == shard.objects.end() || !it->second.complete) {
+    FERRY_RETURN_IF_ERROR(MissIsSure());
     return Status::NotFound("no such key");
   }
   it->second.pin = pin;

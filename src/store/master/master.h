@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -47,6 +48,12 @@ struct MasterOptions {
   // heartbeats wait for their changes: what was acknowledged survives the
   // master (store/master/catalog_log.h). An elected master turns it on.
   Millis catalog_sync{0};
+  // Nodes expected to mount again: an elected master's, read from the roster
+  // (store/rpc/leader.h). It knows objects only as their nodes mount, so
+  // until each of these has, or node_ttl has passed since it started (a
+  // node silent that long is gone), a key it does not know may be on one of
+  // them: Get, Exists, Remove and Pin answer Unavailable, not NotFound.
+  std::vector<std::string> awaited_nodes;
 };
 
 struct MasterStats {
@@ -117,7 +124,9 @@ class Master {
   Status PutEnd(const std::string& key, uint64_t put_id, bool commit, bool reserved = false);
   // Each in turn, then one catalog wait for them all (catalog_sync).
   std::vector<Status> PutEnd(const std::vector<store::PutEnd>& items);
-  // Locations of a complete object, granting a read lease. NotFound otherwise.
+  // Locations of a complete object, granting a read lease. NotFound otherwise
+  // (Unavailable while a miss is unsure: MasterOptions::awaited_nodes, which
+  // Exists, Remove and SetPin follow too).
   Result<GetGrant> Get(const std::string& key);
   // Ends a lease before its term, once its reader is done. NotFound when the
   // object or the lease is gone (expired, or the object was removed).
@@ -202,6 +211,9 @@ class Master {
   // With catalog_sync on, waits until the nodes applied those changes (not
   // holding a shard's lock).
   void AwaitCatalog(const std::vector<Queued>& queued);
+  // OK when a key this master does not know is surely stored nowhere;
+  // Unavailable while awaited nodes have still to mount (awaited_nodes).
+  Status MissIsSure();
   // Mount's second half: the objects of the node's catalog (recovery.cc).
   uint64_t Recover(const std::string& node, uint64_t generation,
                    const std::vector<CatalogEntry>& catalog);
@@ -224,6 +236,12 @@ class Master {
   std::atomic<uint64_t> next_put_id_{1};
   std::atomic<uint64_t> next_lease_id_{1};
   std::atomic<uint64_t> objects_{0};
+
+  // The nodes a miss waits for (options_.awaited_nodes), until rebuilt_by_.
+  std::atomic<bool> rebuilding_{false};
+  std::mutex awaited_mu_;                  // a leaf: taken under a shard's lock
+  std::set<std::string> awaited_;          // guarded by awaited_mu_
+  const Clock::time_point rebuilt_by_;
 
   // Reservations (PutSpec::reserve), by put id: objects in all but name.
   std::mutex reserved_mu_;

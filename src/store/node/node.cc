@@ -2,6 +2,8 @@
 
 #include "common/log.h"
 #include "common/prefault.h"
+#include "coord/etcd_url.h"
+#include "store/rpc/leader.h"
 
 namespace ferry::store {
 
@@ -29,6 +31,9 @@ Result<std::unique_ptr<StoreNode>> StoreNode::Start(Engine& engine, const NodeOp
     // Fault the pages in now, not on the first put that lands there.
     Prefault(p, options.segment_size);
     node->regions_.emplace_back(reinterpret_cast<uint64_t>(p), options.segment_size);
+  }
+  if (coord::IsEtcdUrl(options.master)) {
+    FERRY_ASSIGN_OR_RETURN(node->roster_, RosterEntry::Join(options.master, engine.name()));
   }
   Status first = node->MountOnce();
   if (!first.ok()) {

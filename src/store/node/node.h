@@ -21,8 +21,12 @@
 
 namespace ferry::store {
 
+class RosterEntry;
+
 struct NodeOptions {
-  std::string master;                   // "host:port"
+  // "host:port", or "etcd://ENDPOINTS/CLUSTER": the cluster's leader, and
+  // the node goes on its roster (store/rpc/leader.h).
+  std::string master;
   uint64_t segment_size = 64ull << 20;  // bytes per region
   int segments = 1;                     // regions, each one AllocateMemory buffer
   Millis heartbeat{1000};               // period; also capped at a third of the master's TTL
@@ -66,6 +70,9 @@ class StoreNode {
   bool catalog_sync_ = false;
   Millis period_{0};
   NodeCatalog catalog_;
+  // On the cluster's roster while it lives (an etcd:// master): a master
+  // elected later waits for this node before it trusts a miss.
+  std::unique_ptr<RosterEntry> roster_;
 
   // Runs Tick from Start on; stopped first on destruction.
   std::unique_ptr<Ticker> ticker_;

@@ -3,6 +3,7 @@
 #include "common/log.h"
 #include "common/ticker.h"
 #include "coord/etcd_client.h"
+#include "coord/etcd_url.h"
 #include "coord/lease_keeper.h"
 
 namespace ferry::store {
@@ -17,6 +18,17 @@ Result<LeaderInfo> Decode(const coord::KeyValue& kv) {
     return Status::ProtocolError("etcd: malformed leader entry under " + kv.key);
   }
   return LeaderInfo{kv.value, static_cast<uint64_t>(kv.create_revision)};
+}
+
+// Stops `keeper` and revokes its lease, so that the keys bound to it go at
+// once. OK also when there was none, or etcd no longer had it; else the
+// keys last their TTL.
+Status EndLease(coord::EtcdClient& etcd, std::unique_ptr<coord::LeaseKeeper>& keeper) {
+  if (keeper == nullptr) return Status::Ok();
+  const coord::LeaseId id = keeper->id();
+  keeper.reset();
+  Status st = etcd.LeaseRevoke(id);
+  return st.code() == StatusCode::kNotFound ? Status::Ok() : st;
 }
 
 }  // namespace
@@ -54,12 +66,8 @@ LeaderElection::LeaderElection(std::shared_ptr<coord::EtcdClient> etcd, std::str
 
 LeaderElection::~LeaderElection() {
   ticker_->Stop();
-  if (keeper_ == nullptr) return;
-  const coord::LeaseId id = keeper_->id();
-  keeper_.reset();
   // Resigning: the key goes with the lease, so a standby takes over at once.
-  Status st = etcd_->LeaseRevoke(id);
-  if (!st.ok() && st.code() != StatusCode::kNotFound) {
+  if (Status st = EndLease(*etcd_, keeper_); !st.ok()) {
     FERRY_LOG_WARN("election: could not resign ({}); the key lasts its TTL", st.ToString());
   }
 }
@@ -193,5 +201,75 @@ Result<LeaderInfo> LeaderResolver::Leader(Millis wait) {
 }
 
 void LeaderResolver::Refresh() { ticker_->Wake(); }
+
+// ---- The roster ----
+
+std::string RosterPrefix(std::string_view cluster) {
+  return "/ferry/" + std::string(cluster) + "/nodes/";
+}
+
+Result<std::vector<std::string>> ReadRoster(coord::EtcdClient& etcd, std::string_view cluster) {
+  const std::string prefix = RosterPrefix(cluster);
+  FERRY_ASSIGN_OR_RETURN(coord::RangeResult range, etcd.GetPrefix(prefix));
+  std::vector<std::string> names;
+  for (const coord::KeyValue& kv : range.kvs) {
+    if (kv.key.size() <= prefix.size() || kv.key.size() - prefix.size() > kMaxAddressBytes) continue;
+    names.push_back(kv.key.substr(prefix.size()));
+  }
+  return names;
+}
+
+Result<std::unique_ptr<RosterEntry>> RosterEntry::Start(std::shared_ptr<coord::EtcdClient> etcd,
+                                                        std::string_view cluster,
+                                                        const std::string& node,
+                                                        int64_t ttl_seconds) {
+  if (node.empty() || node.size() > kMaxAddressBytes) {
+    return Status::InvalidArgument("a roster entry needs the node's name (1 to 256 bytes)");
+  }
+  if (ttl_seconds < 1) return Status::InvalidArgument("the roster lease TTL must be >= 1 s");
+  std::unique_ptr<RosterEntry> e(
+      new RosterEntry(std::move(etcd), RosterPrefix(cluster) + node, ttl_seconds));
+  FERRY_RETURN_IF_ERROR(e->Put());
+  e->ticker_->Start();
+  return e;
+}
+
+Result<std::unique_ptr<RosterEntry>> RosterEntry::Join(std::string_view url,
+                                                       const std::string& node) {
+  FERRY_ASSIGN_OR_RETURN(coord::EtcdUrl u, coord::ParseEtcdUrl(url));
+  FERRY_ASSIGN_OR_RETURN(auto etcd, coord::EtcdClient::Create({u.endpoints}));
+  return Start(std::move(etcd), u.cluster, node);
+}
+
+RosterEntry::RosterEntry(std::shared_ptr<coord::EtcdClient> etcd, std::string key,
+                         int64_t ttl_seconds)
+    : etcd_(std::move(etcd)),
+      key_(std::move(key)),
+      ttl_seconds_(ttl_seconds),
+      // The keeper renews; this only looks for a lost lease, a few times a TTL.
+      ticker_(std::make_unique<Ticker>("ferry-roster", Millis(ttl_seconds * 1000 / 4), [this](bool) {
+        if (keeper_ != nullptr && !keeper_->lost()) return;
+        keeper_.reset();
+        Status st = Put();
+        if (!st.ok()) FERRY_LOG_DEBUG("roster: {} not put again yet: {}", key_, st.ToString());
+      })) {}
+
+RosterEntry::~RosterEntry() {
+  ticker_->Stop();
+  if (Status st = EndLease(*etcd_, keeper_); !st.ok()) {
+    FERRY_LOG_WARN("roster: could not remove {} ({}); it lasts its TTL", key_, st.ToString());
+  }
+}
+
+Status RosterEntry::Put() {
+  FERRY_ASSIGN_OR_RETURN(coord::Lease lease, etcd_->LeaseGrant(ttl_seconds_));
+  auto put = etcd_->Put(key_, "", lease.id);
+  if (!put.ok()) {
+    (void)etcd_->LeaseRevoke(lease.id);
+    return put.status();
+  }
+  keeper_ = std::make_unique<coord::LeaseKeeper>(etcd_, lease, nullptr);
+  return Status::Ok();
+}
 
 }  // namespace ferry::store

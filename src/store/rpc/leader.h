@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/clock.h"
 #include "ferry/status.h"
@@ -125,6 +126,44 @@ class LeaderResolver {
   std::condition_variable cv_;
   std::optional<LeaderInfo> leader_;  // guarded by mu_
   Status last_error_;                 // guarded by mu_
+  std::unique_ptr<Ticker> ticker_;
+};
+
+// The roster: while a node of the cluster lives it holds
+// /ferry/<cluster>/nodes/<name> on a lease of its own. A master elected
+// later reads it to learn which nodes will mount again; until they have, a
+// key it does not know may be on one of them (MasterOptions::awaited_nodes).
+std::string RosterPrefix(std::string_view cluster);
+
+// The names on the roster now; entries no node of ours could have written
+// (an empty or oversized name) are skipped.
+Result<std::vector<std::string>> ReadRoster(coord::EtcdClient& etcd, std::string_view cluster);
+
+// A node's roster entry: put at Start (its error when etcd refuses), kept
+// alive from a thread, put again on a new lease when the old one is lost
+// (etcd away for a whole TTL); revoked when destroyed, so a node that
+// stops is not waited for.
+class RosterEntry {
+ public:
+  static Result<std::unique_ptr<RosterEntry>> Start(std::shared_ptr<coord::EtcdClient> etcd,
+                                                    std::string_view cluster,
+                                                    const std::string& node,
+                                                    int64_t ttl_seconds = 5);
+  // The same for the cluster of `url` ("etcd://ENDPOINTS/CLUSTER"), on an
+  // etcd client of its own.
+  static Result<std::unique_ptr<RosterEntry>> Join(std::string_view url, const std::string& node);
+  ~RosterEntry();
+  RosterEntry(const RosterEntry&) = delete;
+  RosterEntry& operator=(const RosterEntry&) = delete;
+
+ private:
+  RosterEntry(std::shared_ptr<coord::EtcdClient> etcd, std::string key, int64_t ttl_seconds);
+  Status Put();
+
+  const std::shared_ptr<coord::EtcdClient> etcd_;
+  const std::string key_;
+  const int64_t ttl_seconds_;
+  std::unique_ptr<coord::LeaseKeeper> keeper_;  // the ticker's thread's, once started
   std::unique_ptr<Ticker> ticker_;
 };
 
