@@ -200,19 +200,21 @@ Model Predict(const uint8_t* data, size_t size, uint64_t base) {
         }
         const uint64_t n = std::min<uint64_t>(h.length, size - pos);
         m.stream.insert(m.stream.end(), data + pos, data + pos + n);
-        if (n < h.length) {  // the payload is cut short: no reply
-          m.ends_on_frame = false;
-          return m;
-        }
         const StatusCode st = Check(off, h.length);
         if (st == StatusCode::kOk) {
-          std::memcpy(m.memory.data() + off, data + pos, n);
+          // Received in place, so even a payload cut short changes what the
+          // replies of earlier reads, still queued, may send.
           for (const Read& r : reads) {
             if (r.off < off + n && off < r.off + r.length) {
               m.replies[r.reply].check_payload = false;
             }
           }
         }
+        if (n < h.length) {  // the payload is cut short: no reply
+          m.ends_on_frame = false;
+          return m;
+        }
+        if (st == StatusCode::kOk) std::memcpy(m.memory.data() + off, data + pos, n);
         pos += n;
         m.replies.push_back({{Opcode::kWriteAck, st, h.id, h.addr, 0}, {}, false});
         break;
