@@ -3,8 +3,9 @@
 candidates, a node, and a client paced at --rate ops/s (puts and gets of 4 KiB,
 alternating); the leader is SIGKILLed and the bench measures the time from
 its death to the first successful put, and how many operations failed
-meanwhile (and how many of those were false misses: NotFound for a key put). Medians of --rounds, each on a fresh cluster (a fresh name in one
-etcd), in JSON with every round.
+meanwhile (and how many of those were false misses: NotFound for a key put).
+Medians of --rounds, each on a fresh cluster (a fresh name in one etcd), in
+JSON with every round.
 
 Usage: PYTHONPATH=build/python python/bench/bench_failover.py [--rounds 5]
        [--rate 1000] [--out FILE]
@@ -65,7 +66,8 @@ def one_round(etcd, name, rate):
         # A get of a key this client put, answered NotFound: a miss that was not one.
         false_misses = sum(1 for _, f in load.failures if f.startswith("NotFound"))
         return {"failover_s": first - killed, "failed_ops": len(load.failures),
-                "false_misses": false_misses, "wrong_reads": load.wrong, "achieved_ops_per_s": achieved,
+                "false_misses": false_misses, "wrong_reads": load.wrong,
+                "achieved_ops_per_s": achieved,
                 "acknowledged_puts": len(load.acked), "acknowledged_lost": lost,
                 "first_failure": load.failures[0][1] if load.failures else ""}
     finally:
