@@ -18,6 +18,7 @@
 #include "integration/peer.h"
 #include "integration/silent_target.h"
 #include "transfer/frame_wire.h"
+#include "transfer/tcp/lane.h"
 
 namespace ferry {
 namespace {
@@ -292,43 +293,77 @@ TEST(EngineContract, SubmitOnStreamNeedsAGpu) {
   EXPECT_EQ(b.status().code(), StatusCode::kNotSupported) << b.status().ToString();
 }
 
+// How many of `requests` reads of `chunk` bytes at `remote` an engine of
+// `o` sends a SilentTarget, which answers none: what its lanes' windows hold.
+// Waits for `want`, then a little longer for any more.
+int SentUnanswered(EngineOptions o, uint64_t remote, uint64_t chunk, int requests, int want) {
+  test::SilentTarget target;
+  o.transport = "tcp";
+  auto e = Engine::Create(o);
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  if (!e.ok()) return -1;
+  auto s = e.value()->OpenSegment(target.name());
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  if (!s.ok()) return -1;
+  std::vector<char> buf(requests * chunk);
+  std::vector<Request> reqs;
+  for (int i = 0; i < requests; ++i) {
+    reqs.push_back({Op::kRead, buf.data() + i * chunk, s.value(), remote + i * chunk, chunk});
+  }
+  auto b = e.value()->Submit(reqs, seconds(30));
+  EXPECT_TRUE(b.ok()) << b.status().ToString();
+  for (int i = 0; i < 500 && target.requests() < want; ++i) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  std::this_thread::sleep_for(milliseconds(200));  // no more should follow
+  const int sent = target.requests();
+  e.value().reset();  // fails the unanswered requests, so the batch ends now
+  return sent;
+}
+
 // A request to the target's GPU memory waits there for a copy to staging, so
 // a lane lets twice its window of them on the wire; small chunks of host
-// memory get up to a megabyte's worth (16 at most), large ones the window.
-TEST(TcpLanes, TheWindowDoublesForGpuMemoryAndGrowsForSmallChunks) {
+// memory get up to a megabyte's worth (16 at most) on a lane of its own
+// queue, large ones the window.
+TEST(TcpLanes, TheWindowGrowsForGpuMemoryAndForSmallChunks) {
   struct Case {
     uint64_t remote;
     uint64_t length;
     int want;
   };
   for (Case c : {Case{test::SilentTarget::kHost, 4096, 16}, Case{test::SilentTarget::kGpu, 4096, 4},
+                 Case{test::SilentTarget::kHost, 128 << 10, 8},
                  Case{test::SilentTarget::kHost, 512 << 10, 2}}) {
-    test::SilentTarget target;
     EngineOptions o;
-    o.transport = "tcp";
     o.tcp_lanes = 1;
     o.tcp_chunks_in_flight = 2;
-    auto e = Engine::Create(o);
-    ASSERT_TRUE(e.ok()) << e.status().ToString();
-    auto s = e.value()->OpenSegment(target.name());
-    ASSERT_TRUE(s.ok()) << s.status().ToString();
-    constexpr int kRequests = 24;
-    std::vector<char> buf(kRequests * c.length);
-    std::vector<Request> reqs;
-    for (int i = 0; i < kRequests; ++i) {
-      reqs.push_back(
-          {Op::kRead, buf.data() + i * c.length, s.value(), c.remote + i * c.length, c.length});
-    }
-    auto b = e.value()->Submit(reqs, seconds(30));
-    ASSERT_TRUE(b.ok()) << b.status().ToString();
-    for (int i = 0; i < 500 && target.requests() < c.want; ++i) {
-      std::this_thread::sleep_for(milliseconds(5));
-    }
-    std::this_thread::sleep_for(milliseconds(200));  // no more should follow
-    EXPECT_EQ(target.requests(), c.want)
+    EXPECT_EQ(SentUnanswered(o, c.remote, c.length, 24, c.want), c.want)
         << "remote 0x" << std::hex << c.remote << std::dec << ", chunks of " << c.length;
-    e.value().reset();  // fails the unanswered requests, so the batch ends now
   }
+}
+
+// Unset, the windows follow the queue: where a peer's lanes share one (more
+// than one io thread), 2 chunks a lane, or 256 KiB of small ones; where each
+// has its own, 4, or 1 MiB.
+TEST(TcpLanes, TheDefaultWindowIsNarrowWhereLanesShareAQueue) {
+  struct Case {
+    int io_threads;
+    uint64_t chunk;
+    int want;  // of 2 lanes
+  };
+  for (Case c : {Case{1, 512 << 10, 2 * 4}, Case{2, 512 << 10, 2 * 2}, Case{1, 64 << 10, 2 * 16},
+                 Case{2, 64 << 10, 2 * 4}}) {
+    EngineOptions o;
+    o.tcp_lanes = 2;
+    o.io_threads = c.io_threads;
+    EXPECT_EQ(SentUnanswered(o, test::SilentTarget::kHost, c.chunk, 48, c.want), c.want)
+        << c.io_threads << " io threads, chunks of " << c.chunk;
+  }
+  EXPECT_EQ(Lane::ChunksInFlight(3, true), 3);
+  EXPECT_EQ(Lane::ChunksInFlight(3, false), 3);
+  EXPECT_EQ(Lane::GpuWindow(0), 8);
+  EXPECT_EQ(Lane::GpuWindow(2), 4);
+  EXPECT_EQ(Lane::SmallWindowBytes(512, true), 512u << 10);
 }
 
 }  // namespace

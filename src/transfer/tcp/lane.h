@@ -79,14 +79,30 @@ class Lane : public std::enable_shared_from_this<Lane> {
     asio::ip::tcp::endpoint peer;
     std::string peer_name;
     uint64_t epoch = 0;     // the epoch of the descriptor the tasks' addresses came from
-    int max_in_flight = 4;  // doubled for GPU memory, raised for small chunks: see Window()
+    int max_in_flight = 4;  // raised for small chunks: see Window()
+    int gpu_window = 8;     // requests to the target's GPU memory
     // Writes carry a CRC-32C and reads ask for one (EngineOptions::tcp_checksum).
     bool checksum = false;
     int rcv_lowat_ceiling = 0;  // RcvLowat: the most a payload's receive raises it to
+    uint64_t small_window_bytes = 1 << 20;  // what small chunks may fill on the wire
     Millis connect_timeout{5000};
     Millis progress_timeout{30000};
     std::shared_ptr<const auth::Key> key;  // the cluster secret; null: none
   };
+
+  // The chunks of host memory a lane keeps on the wire for
+  // EngineOptions::tcp_chunks_in_flight `option`, its lanes sharing a queue
+  // or not; and those of requests to GPU memory at the target, whose staging
+  // is sized to match.
+  static int ChunksInFlight(int option, bool shared_queue) {
+    return option > 0 ? option : shared_queue ? 2 : 4;
+  }
+  static int GpuWindow(int option) { return 2 * (option > 0 ? option : 4); }
+  // What chunks under 128 KiB may fill on the wire, 16 of them at most:
+  // `kib` where it is 0 or more, else as the chunks in flight.
+  static uint64_t SmallWindowBytes(int64_t kib, bool shared_queue) {
+    return kib >= 0 ? static_cast<uint64_t>(kib) << 10 : shared_queue ? 256 << 10 : 1 << 20;
+  }
 
   Lane(asio::io_context& io, Config cfg, std::weak_ptr<Segment> segment,
        std::shared_ptr<ChunkQueue> queue);

@@ -196,10 +196,10 @@ class TcpTransport : public Transport {
     }
     TcpTarget::Config tc;
     tc.staging_bytes = ctx.options.tcp_chunk_bytes;
-    // One peer's lanes, each with the doubled window of requests to GPU memory
-    // as far as a connection can use it; 16 at least, 64 at most.
+    // One peer's lanes, each with the window of requests to GPU memory as far
+    // as a connection can use it; 16 at least, 64 at most.
     const size_t per_lane = std::min<size_t>(
-        2 * static_cast<size_t>(ctx.options.tcp_chunks_in_flight), kMaxQueuedReplies);
+        static_cast<size_t>(Lane::GpuWindow(ctx.options.tcp_chunks_in_flight)), kMaxQueuedReplies);
     tc.staging_buffers = std::clamp<size_t>(static_cast<size_t>(GpuLanes(o)) * per_lane, 16, 64);
     tc.landing = landing_.get();
     target_ = std::make_unique<TcpTarget>(tc, ctx.registry, ctx.copier);
@@ -207,7 +207,7 @@ class TcpTransport : public Transport {
 
   Status CheckOptions() const override {
     const EngineOptions& o = ctx_.options;
-    if (o.tcp_lanes < 1 || o.tcp_gpu_lanes < 1 || o.tcp_chunks_in_flight < 1 ||
+    if (o.tcp_lanes < 1 || o.tcp_gpu_lanes < 1 || o.tcp_chunks_in_flight < 0 ||
         o.tcp_chunk_bytes < 4096 || o.tcp_chunk_bytes > (64u << 20)) {
       return Status::InvalidArgument("tcp options out of range");
     }
@@ -234,7 +234,7 @@ class TcpTransport : public Transport {
     cfg.peer = asio::ip::tcp::endpoint(addr, segment->port());
     cfg.peer_name = segment->name();
     cfg.epoch = segment->descriptor()->epoch;
-    cfg.max_in_flight = ctx_.options.tcp_chunks_in_flight;
+    cfg.gpu_window = Lane::GpuWindow(ctx_.options.tcp_chunks_in_flight);
     cfg.checksum = ctx_.options.tcp_checksum;
     cfg.rcv_lowat_ceiling = RcvLowatCeiling(ctx_.options.io_spin_us);
     cfg.connect_timeout = ctx_.options.connect_timeout;
@@ -248,6 +248,15 @@ class TcpTransport : public Transport {
     // 2-core VM's 1 MiB reads measured slower shared (0.72 against 0.83).
     static const int64_t knob = env::GetIntIn("FERRY_TCP_SHARED_QUEUE", 0, 1, -1);
     const bool shared = knob == 1 || (knob == -1 && ctx_.io.threads() > 1);
+    // Narrow windows only where a shared queue balances the lanes. On the
+    // 2-core VM, whose lanes share one io thread and no queue, 5 rounds:
+    // 2 in flight against 4 tied at 1 MiB writes and lost reads (0.72
+    // against 0.80 of raw streams, 4 of 5 rounds); 64 KiB chunks filling
+    // 256 KiB against 1 MiB lost every round (writes 0.71 against 1.09).
+    // FERRY_TCP_WINDOW_KIB sets the small chunks' bytes.
+    cfg.max_in_flight = Lane::ChunksInFlight(ctx_.options.tcp_chunks_in_flight, shared);
+    static const int64_t window_kib = env::GetIntIn("FERRY_TCP_WINDOW_KIB", 64, 16384, -1);
+    cfg.small_window_bytes = Lane::SmallWindowBytes(window_kib, shared);
     auto group = [&](int n) {
       auto g = std::make_shared<LaneGroup>();
       for (int i = 0; i < n; ++i) {
@@ -263,9 +272,10 @@ class TcpTransport : public Transport {
     auto gpu = gpu_lanes < Lanes(ctx_.options) ? group(gpu_lanes) : host;
     std::unique_ptr<StagingPool> staging;
     if (ctx_.copier != nullptr) {
-      // Two chunks per in-flight slot: one on the wire while the next is copied.
+      // As many as the lanes' windows of requests to GPU memory at the target:
+      // each such request holds one from its copy until its reply.
       auto pool = StagingPool::Create(
-          static_cast<size_t>(gpu_lanes * ctx_.options.tcp_chunks_in_flight * 2),
+          static_cast<size_t>(gpu_lanes * cfg.gpu_window),
           ctx_.options.tcp_chunk_bytes);
       if (pool.ok()) {
         staging = std::move(pool).value();
