@@ -66,12 +66,13 @@ struct EngineOptions {
   // on 4 on the H200 machine, reads by a quarter, where host memory gained).
   int tcp_gpu_lanes = 4;
   uint64_t tcp_chunk_bytes = 512 << 10;  // slice size over TCP; env FERRY_TCP_CHUNK_BYTES
-  // Chunks of 128 KiB and more each lane keeps on the wire; env
-  // FERRY_TCP_INFLIGHT. 0: 2 where a peer's lanes share one chunk queue (more
-  // than one io thread), so a batch's chunks wait there for whichever lane
-  // frees first instead of being dealt out at once; else 4. Requests to GPU
-  // memory at the target get twice this (8 for 0); smaller chunks fill up to
-  // FERRY_TCP_WINDOW_KIB (docs/performance.md has the measurements).
+  // Chunks each lane keeps on the wire; env FERRY_TCP_INFLIGHT. 0: 2 where a
+  // peer's lanes share one chunk queue (more than one io thread), so a
+  // batch's chunks wait there for whichever lane frees first instead of
+  // being dealt out at once; else 4. Small chunks get as many as
+  // FERRY_TCP_WINDOW_KIB holds where that is more (256 KiB with a shared
+  // queue, else 1 MiB; 16 at most); requests to GPU memory at the target
+  // twice this (8 for 0). docs/performance.md has the measurements.
   int tcp_chunks_in_flight = 0;
   // tcp: every write and read payload carries a CRC-32C, checked at the
   // other end, so bytes corrupted in flight fail their request with

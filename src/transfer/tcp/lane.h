@@ -98,8 +98,9 @@ class Lane : public std::enable_shared_from_this<Lane> {
     return option > 0 ? option : shared_queue ? 2 : 4;
   }
   static int GpuWindow(int option) { return 2 * (option > 0 ? option : 4); }
-  // What chunks under 128 KiB may fill on the wire, 16 of them at most:
-  // `kib` where it is 0 or more, else as the chunks in flight.
+  // The bytes small chunks may fill on the wire where that makes more of
+  // them than ChunksInFlight (16 at most): `kib` where it is 0 or more, else
+  // 256 KiB with a shared queue and 1 MiB without.
   static uint64_t SmallWindowBytes(int64_t kib, bool shared_queue) {
     return kib >= 0 ? static_cast<uint64_t>(kib) << 10 : shared_queue ? 256 << 10 : 1 << 20;
   }
