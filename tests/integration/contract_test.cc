@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include <cstdlib>
-#include <string>
 #include <thread>
 #include <vector>
 
@@ -323,15 +322,6 @@ int SentUnanswered(EngineOptions o, uint64_t remote, uint64_t chunk, int request
   return sent;
 }
 
-// Whether a peer's lanes share a chunk queue, as the transport decides it:
-// FERRY_TCP_SHARED_QUEUE (CI forces it in one pass), else more than one io
-// thread.
-bool SharedQueue(int io_threads) {
-  const char* knob = std::getenv("FERRY_TCP_SHARED_QUEUE");
-  if (knob != nullptr && *knob != '\0') return std::string(knob) == "1";
-  return io_threads > 1;
-}
-
 // A request to the target's GPU memory waits there for a copy to staging, so
 // a lane lets twice its window of them on the wire; small chunks of host
 // memory get up to a megabyte's worth (16 at most) on a lane of its own
@@ -342,7 +332,8 @@ TEST(TcpLanes, TheWindowGrowsForGpuMemoryAndForSmallChunks) {
     uint64_t length;
     int want;
   };
-  const bool shared = SharedQueue(1);
+  // CI forces FERRY_TCP_SHARED_QUEUE in one pass.
+  const bool shared = ChunkQueue::Shared(1);
   for (Case c : {Case{test::SilentTarget::kHost, 4096, 16}, Case{test::SilentTarget::kGpu, 4096, 4},
                  Case{test::SilentTarget::kHost, 128 << 10, shared ? 2 : 8},
                  Case{test::SilentTarget::kHost, 512 << 10, 2}}) {
@@ -363,7 +354,7 @@ TEST(TcpLanes, TheDefaultWindowIsNarrowWhereLanesShareAQueue) {
     uint64_t chunk;
   };
   for (Case c : {Case{1, 512 << 10}, Case{2, 512 << 10}, Case{1, 64 << 10}, Case{2, 64 << 10}}) {
-    const bool shared = SharedQueue(c.io_threads);
+    const bool shared = ChunkQueue::Shared(static_cast<size_t>(c.io_threads));
     const int per_lane = c.chunk == 512 << 10 ? (shared ? 2 : 4) : (shared ? 4 : 16);
     const int want = 2 * per_lane;  // of 2 lanes
     EngineOptions o;
@@ -372,6 +363,10 @@ TEST(TcpLanes, TheDefaultWindowIsNarrowWhereLanesShareAQueue) {
     EXPECT_EQ(SentUnanswered(o, test::SilentTarget::kHost, c.chunk, 48, want), want)
         << c.io_threads << " io threads" << (shared ? ", a shared queue" : "") << ", chunks of "
         << c.chunk;
+  }
+  if (std::getenv("FERRY_TCP_SHARED_QUEUE") == nullptr) {
+    EXPECT_FALSE(ChunkQueue::Shared(1));
+    EXPECT_TRUE(ChunkQueue::Shared(2));
   }
   EXPECT_EQ(Lane::ChunksInFlight(3, true), 3);
   EXPECT_EQ(Lane::ChunksInFlight(3, false), 3);

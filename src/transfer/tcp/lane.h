@@ -39,6 +39,11 @@ class Segment;
 // on one lane's backlog while the others idle. Thread safe.
 class ChunkQueue {
  public:
+  // Whether a peer's lanes on `io_threads` threads share one queue, or each
+  // has its own and gets every n-th chunk (FERRY_TCP_SHARED_QUEUE, 0 or 1,
+  // decides where set).
+  static bool Shared(size_t io_threads);
+
   // `sharers`: how many lanes take from it.
   explicit ChunkQueue(size_t sharers = 1) : sharers_(std::max<size_t>(sharers, 1)) {}
 

@@ -240,14 +240,7 @@ class TcpTransport : public Transport {
     cfg.connect_timeout = ctx_.options.connect_timeout;
     cfg.progress_timeout = ctx_.options.request_timeout;
     cfg.key = ctx_.key;
-    // FERRY_TCP_SHARED_QUEUE: 1, a peer's lanes take chunks from one queue;
-    // 0, they are dealt out round-robin, a queue per lane. Unset: shared where
-    // the lanes run on more than one io thread, where one lane can fall
-    // behind another (H200, 4 lanes on 4 threads: 1 MiB writes 0.70 -> 0.75
-    // of raw streams). On one thread there is nothing to balance, and the
-    // 2-core VM's 1 MiB reads measured slower shared (0.72 against 0.83).
-    static const int64_t knob = env::GetIntIn("FERRY_TCP_SHARED_QUEUE", 0, 1, -1);
-    const bool shared = knob == 1 || (knob == -1 && ctx_.io.threads() > 1);
+    const bool shared = ChunkQueue::Shared(ctx_.io.threads());
     // Narrow windows only where a shared queue balances the lanes. On the
     // 2-core VM, whose lanes share one io thread and no queue, 5 rounds:
     // 2 in flight against 4 tied at 1 MiB writes and lost reads (0.72
