@@ -1,7 +1,8 @@
 // `ferry bench transfer`: engine throughput and latency, next to the physical
-// reference measured in the same run between the same two processes: a plain
-// TCP stream of the same bytes for tcp, a single-thread memcpy of the same
-// block size for shm.
+// reference measured in the same run between the same two processes: plain
+// TCP streams of the same bytes for tcp (and, for GPU memory, the same
+// streams staging it by hand), a single-thread memcpy of the same block size
+// for shm.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -33,6 +34,92 @@ namespace ferry::cli {
 namespace {
 
 constexpr uint64_t kRefSink = 1, kRefSource = 2, kRefFresh = 3;
+// Or'ed into a sink's or source's mode: the target's end stages its GPU's
+// memory, where the target's buffer is on a GPU.
+constexpr uint64_t kRefStaged = 1 << 8;
+
+// One end of a reference stream: `span` bytes it cycles through, of host
+// memory, or of a GPU's memory copied through a gpu::StagedPipe a block at a
+// time, the copy of one block overlapping the socket call of the other.
+class RefEnd {
+ public:
+  ~RefEnd() {
+    pipe_.reset();
+    if (dev_ != nullptr) gpu::FreeDevice(dev_);
+  }
+
+  // `device` -1: host memory. False when the memory cannot be had.
+  bool SetUp(int device, uint64_t span, uint64_t block) {
+    span_ = span;
+    if (device < 0) {
+      host_.assign(span, 1);
+      return true;
+    }
+    auto dev = gpu::AllocDevice(span, device);
+    if (!dev.ok()) return false;
+    dev_ = static_cast<char*>(dev.value());
+    auto pipe = gpu::StagedPipe::Create(device, block);
+    if (pipe.ok()) pipe_ = std::move(pipe).value();
+    return pipe_ != nullptr;
+  }
+
+  // Sends (`send`) or receives `total` bytes over `fd` in `block`-sized
+  // socket calls. False on any error.
+  bool Move(int fd, bool send, uint64_t total, uint64_t block) {
+    if (pipe_ == nullptr) {
+      uint64_t left = total, off = 0;
+      bool ok = true;
+      while (ok && left > 0) {
+        const size_t n = std::min<uint64_t>(left, block);
+        ok = send ? WriteAll(fd, host_.data() + off, n) : ReadAll(fd, host_.data() + off, n);
+        left -= n;
+        off = (off + block) % span_;
+      }
+      return ok;
+    }
+    return send ? SendStaged(fd, total, block) : ReceiveStaged(fd, total, block);
+  }
+
+ private:
+  // Block i+1 is fetched while block i is sent.
+  bool SendStaged(int fd, uint64_t total, uint64_t block) {
+    uint64_t left = total, off = 0;
+    size_t n = std::min<uint64_t>(left, block);
+    int slot = 0;
+    bool ok = left == 0 || (pipe_->Fetch(slot, dev_, n).ok() && pipe_->Wait(slot).ok());
+    while (ok && left > 0) {
+      const size_t cur = n;
+      left -= cur;
+      off = (off + block) % span_;
+      n = std::min<uint64_t>(left, block);
+      if (left > 0) ok = pipe_->Fetch(slot ^ 1, dev_ + off, n).ok();
+      ok = ok && WriteAll(fd, pipe_->buffer(slot), cur);
+      if (ok && left > 0) ok = pipe_->Wait(slot ^ 1).ok();
+      slot ^= 1;
+    }
+    return ok;
+  }
+
+  // Block i is stored while block i+1 is received; a buffer is reused once
+  // its store is done. Returns once every block is in device memory.
+  bool ReceiveStaged(int fd, uint64_t total, uint64_t block) {
+    uint64_t left = total, off = 0;
+    bool ok = true;
+    for (int slot = 0; ok && left > 0; slot ^= 1) {
+      const size_t n = std::min<uint64_t>(left, block);
+      ok = pipe_->Wait(slot).ok() && ReadAll(fd, pipe_->buffer(slot), n) &&
+           pipe_->Store(slot, dev_ + off, n).ok();
+      left -= n;
+      off = (off + block) % span_;
+    }
+    return ok && pipe_->Wait(0).ok() && pipe_->Wait(1).ok();
+  }
+
+  uint64_t span_ = 0;
+  std::vector<char> host_;
+  char* dev_ = nullptr;
+  std::unique_ptr<gpu::StagedPipe> pipe_;
+};
 
 // --fresh at the target: frees the previous fresh buffer and sets up a new
 // one of `bytes`, returning its address (0 on failure).
@@ -40,42 +127,40 @@ using FreshSource = std::function<uint64_t(uint64_t bytes)>;
 
 // The target's side of the raw reference: each stream on a thread of its own.
 // A command is {mode u64, total u64, block u64, spread u64}, answered with one
-// byte once its buffer is set up (untimed, as the engine's memory is); a sink
-// answers another byte after `total`. Blocks cycle through `spread` bytes (at
-// least one block): see ReferenceStream.
+// byte once its buffer is set up (untimed, as the engine's memory is), or
+// not at all when it cannot be; a sink answers another byte after `total`.
+// Blocks cycle through `spread` bytes (at least one block): see
+// ReferenceStream. With kRefStaged in the mode, they do so in the memory of
+// GPU `device` where that is 0 or more.
 // A fresh command is {kRefFresh, bytes, 0, 0}, answered with the address.
-void ServeReferenceStream(int fd, const FreshSource& fresh) {
+void ServeReferenceStream(int fd, const FreshSource& fresh, int device) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   uint64_t cmd[4];
   const bool got = ReadAll(fd, cmd, sizeof(cmd));
-  if (got && cmd[0] == kRefFresh) {
+  const uint64_t mode = got ? cmd[0] & ~kRefStaged : 0;
+  if (mode == kRefFresh) {
     const uint64_t addr = cmd[1] > 0 && cmd[1] <= (8ull << 30) ? fresh(cmd[1]) : 0;
     WriteAll(fd, &addr, sizeof(addr));
-  } else if (got && cmd[2] > 0 && cmd[2] <= (1ull << 30) && cmd[3] <= (8ull << 30)) {
+  } else if ((mode == kRefSink || mode == kRefSource) && cmd[2] > 0 && cmd[2] <= (1ull << 30) &&
+             cmd[3] <= (8ull << 30)) {
     const uint64_t block = cmd[2], span = std::max(block, cmd[3] / block * block);
-    std::vector<char> buf(span, 1);
-    uint64_t left = cmd[1], off = 0;
+    RefEnd end;
     char ready = 1;
-    bool ok = WriteAll(fd, &ready, 1);
-    while (ok && left > 0) {
-      size_t n = std::min<uint64_t>(left, block);
-      ok =
-          cmd[0] == kRefSink ? ReadAll(fd, buf.data() + off, n) : WriteAll(fd, buf.data() + off, n);
-      left -= n;
-      off = (off + block) % span;
+    if (end.SetUp((cmd[0] & kRefStaged) != 0 ? device : -1, span, block) &&
+        WriteAll(fd, &ready, 1) && end.Move(fd, mode == kRefSource, cmd[1], block) &&
+        mode == kRefSink) {
+      WriteAll(fd, &ready, 1);
     }
-    char done = 1;
-    if (ok && cmd[0] == kRefSink) WriteAll(fd, &done, 1);
   }
   close(fd);
 }
 
-void ServeReference(int lfd, FreshSource fresh) {
+void ServeReference(int lfd, FreshSource fresh, int device) {
   for (;;) {
     int fd = accept(lfd, nullptr, nullptr);
     if (fd < 0) return;
-    std::thread(ServeReferenceStream, fd, fresh).detach();
+    std::thread(ServeReferenceStream, fd, fresh, device).detach();
   }
 }
 
@@ -104,35 +189,37 @@ uint64_t AskFresh(const std::string& host, uint16_t port, uint64_t bytes) {
   return ok ? addr : 0;
 }
 
+// How a reference stream's ends hold their bytes.
+struct RefMemory {
+  uint64_t spread = 0;  // above one block: both ends cycle through that many bytes
+  int device = -1;      // 0 or more: this end stages that GPU's memory
+  bool staged = false;  // the target's end stages its GPU's memory, if it has one
+};
+
 // One raw stream of `total` bytes in `block`-sized sends (write) or receives
-// (read). With `spread` above one block, both ends cycle through that many
-// bytes, as the engine's batch does through its buffers, instead of one hot
-// block. Both ends set up their buffers, then the stream waits for `go`, so
-// no page fault falls in the timed part. False on any socket error.
+// (read). With a spread, both ends cycle through that many bytes, as the
+// engine's batch does through its buffers, instead of one hot block. Both
+// ends set up their memory, then the stream waits for `go`, so no page fault
+// falls in the timed part. False on any socket or copy error.
 bool ReferenceStream(const std::string& host, uint16_t port, bool write, uint64_t total,
-                     uint64_t block, uint64_t spread, std::atomic<int>& ready,
+                     uint64_t block, const RefMemory& mem, std::atomic<int>& ready,
                      const std::atomic<bool>& go) {
   const int fd = ConnectReference(host, port);
-  bool ok = fd >= 0;
   block = std::min<uint64_t>(block, 1ull << 30);
-  const uint64_t span = std::max(block, spread / block * block);
-  std::vector<char> buf(ok ? span : 0, 2);
+  const uint64_t span = std::max(block, mem.spread / block * block);
+  RefEnd end;
+  bool ok = fd >= 0 && end.SetUp(mem.device, span, block);
   if (ok) {
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    uint64_t cmd[4] = {write ? kRefSink : kRefSource, total, block, span};
+    uint64_t cmd[4] = {(write ? kRefSink : kRefSource) | (mem.staged ? kRefStaged : 0), total,
+                       block, span};
     char peer_ready;
     ok = WriteAll(fd, cmd, sizeof(cmd)) && ReadAll(fd, &peer_ready, 1);
   }
   ready.fetch_add(1);  // failed or not: the others must not wait on it
   while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
-  uint64_t left = total, off = 0;
-  while (ok && left > 0) {
-    size_t n = std::min<uint64_t>(left, block);
-    ok = write ? WriteAll(fd, buf.data() + off, n) : ReadAll(fd, buf.data() + off, n);
-    left -= n;
-    off = (off + block) % span;
-  }
+  ok = ok && end.Move(fd, write, total, block);
   char done;
   if (ok && write) ok = ReadAll(fd, &done, 1);
   if (fd >= 0) close(fd);
@@ -144,7 +231,7 @@ bool ReferenceStream(const std::string& host, uint16_t port, bool write, uint64_
 // same parallelism. Timed from when every stream is set up. GB/s, 0 on
 // failure.
 double ReferenceTcp(const std::string& host, uint16_t port, bool write, uint64_t total,
-                    uint64_t block, int streams, uint64_t spread) {
+                    uint64_t block, int streams, const RefMemory& mem) {
   const uint64_t share = total / static_cast<uint64_t>(streams);
   std::atomic<int> failed{0}, ready{0};
   std::atomic<bool> go{false};
@@ -152,7 +239,7 @@ double ReferenceTcp(const std::string& host, uint16_t port, bool write, uint64_t
   for (int i = 0; i < streams; ++i) {
     const uint64_t n = i + 1 < streams ? share : total - share * static_cast<uint64_t>(i);
     threads.emplace_back([&, n] {
-      if (!ReferenceStream(host, port, write, n, block, spread, ready, go)) failed.fetch_add(1);
+      if (!ReferenceStream(host, port, write, n, block, mem, ready, go)) failed.fetch_add(1);
     });
   }
   while (ready.load() < streams) std::this_thread::yield();
@@ -270,7 +357,7 @@ int RunTarget(const BenchArgs& a, uint64_t bytes) {
     state->bytes = n;
     return reinterpret_cast<uint64_t>(state->mem);
   };
-  std::thread(ServeReference, lfd, fresh).detach();
+  std::thread(ServeReference, lfd, fresh, gpu).detach();
   std::printf("TARGET %s %u\n", engine->name().c_str(), ntohs(addr.sin_port));
   std::fflush(stdout);
   WaitForStopSignal();
@@ -376,7 +463,7 @@ int RunInitiator(const BenchArgs& a) {
   const std::string served = kind[0];
 
   std::string ref_name;
-  double ref = 0, ref_each = 0;
+  double ref = 0, ref_each = 0, ref_staged = 0;
   int ref_streams = 0;
   // Over tcp, GPU memory included, the bound is the socket; otherwise the copy.
   if (served == "tcp") {
@@ -387,9 +474,19 @@ int RunInitiator(const BenchArgs& a) {
     ref_name = "tcp_streams";
     uint64_t peer_host_end = a.peer.rfind(':');
     // --ref-spread: the streams share out the bytes the engine's batches touch.
-    const uint64_t spread = a.ref_spread ? local_bytes / static_cast<uint64_t>(ref_streams) : 0;
-    ref = ReferenceTcp(a.peer.substr(0, peer_host_end), a.ref_port, op == Op::kWrite, total,
-                       a.block_size, ref_streams, spread);
+    RefMemory mem;
+    mem.spread = a.ref_spread ? local_bytes / static_cast<uint64_t>(ref_streams) : 0;
+    const std::string ref_host = a.peer.substr(0, peer_host_end);
+    ref =
+        ReferenceTcp(ref_host, a.ref_port, op == Op::kWrite, total, a.block_size, ref_streams, mem);
+    // GPU memory at either end: the same streams, each end with GPU memory
+    // staging it by hand, is what the hardware gives such a program.
+    if (a.gpu_src >= 0 || a.gpu_dst >= 0) {
+      mem.device = local_gpu;
+      mem.staged = true;
+      ref_staged = ReferenceTcp(ref_host, a.ref_port, op == Op::kWrite, total, a.block_size,
+                                ref_streams, mem);
+    }
   } else if (a.gpu_src >= 0 || a.gpu_dst >= 0) {
     ref_name = "cudaMemcpyAsync";
     auto r = gpu::CopyBandwidth(a.gpu_src, a.gpu_dst, a.block_size, std::min(a.duration, 2.0));
@@ -461,6 +558,10 @@ int RunInitiator(const BenchArgs& a) {
   if (ref_each > 0) {
     std::printf("each copy synchronized alone: %.3f GB/s, ratio %.3f\n", ref_each, gbps / ref_each);
   }
+  if (ref_staged > 0) {
+    std::printf("the same raw streams staging GPU memory by hand: %.3f GB/s, ratio %.3f\n",
+                ref_staged, gbps / ref_staged);
+  }
   if (!fresh.empty()) {
     std::printf("fresh target memory, single passes: median %.3f GB/s over %zu, ratio %.3f\n",
                 fresh_gbps, fresh.size(), ref > 0 ? fresh_gbps / ref : 0);
@@ -488,6 +589,10 @@ int RunInitiator(const BenchArgs& a) {
     if (ref_each > 0) {
       j["reference_each_gbps"] = ref_each;
       j["ratio_each"] = gbps / ref_each;
+    }
+    if (ref_staged > 0) {
+      j["reference_staged_gbps"] = ref_staged;
+      j["ratio_staged"] = gbps / ref_staged;
     }
     if (!fresh.empty()) {
       j["fresh_runs"] = fresh.size();

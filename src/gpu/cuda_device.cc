@@ -147,6 +147,73 @@ Result<void*> AllocPinned(size_t length) {
 
 void FreePinned(void* p) { cudaFreeHost(p); }
 
+namespace {
+
+class CudaStagedPipe : public StagedPipe {
+ public:
+  explicit CudaStagedPipe(int device) : device_(device) {}
+  ~CudaStagedPipe() override {
+    DeviceGuard guard(device_);
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    for (int i = 0; i < 2; ++i) {
+      if (done_[i] != nullptr) cudaEventDestroy(done_[i]);
+      if (buf_[i] != nullptr) cudaFreeHost(buf_[i]);
+    }
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  cudaError_t Init(size_t block) {
+    DeviceGuard guard(device_);
+    cudaError_t err = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
+    for (int i = 0; i < 2 && err == cudaSuccess; ++i) {
+      err = cudaMallocHost(reinterpret_cast<void**>(&buf_[i]), block);
+      if (err == cudaSuccess) err = cudaEventCreateWithFlags(&done_[i], cudaEventDisableTiming);
+    }
+    return err;
+  }
+
+  char* buffer(int slot) override { return buf_[slot & 1]; }
+  Status Fetch(int slot, const void* src, size_t n) override {
+    return Copy(slot, buf_[slot & 1], src, n, cudaMemcpyDeviceToHost);
+  }
+  Status Store(int slot, void* dst, size_t n) override {
+    return Copy(slot, dst, buf_[slot & 1], n, cudaMemcpyHostToDevice);
+  }
+  Status Wait(int slot) override {
+    return Check(cudaEventSynchronize(done_[slot & 1]), "cudaEventSynchronize");
+  }
+
+ private:
+  static Status Check(cudaError_t err, const char* what) {
+    if (err == cudaSuccess) return Status::Ok();
+    return Status::Internal(std::string("staged reference: ") + what + ": " +
+                            cudaGetErrorString(err));
+  }
+  Status Copy(int slot, void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+    DeviceGuard guard(device_);
+    cudaError_t err = cudaMemcpyAsync(dst, src, n, kind, stream_);
+    if (err == cudaSuccess) err = cudaEventRecord(done_[slot & 1], stream_);
+    return Check(err, "cudaMemcpyAsync");
+  }
+
+  const int device_;
+  cudaStream_t stream_ = nullptr;
+  char* buf_[2] = {nullptr, nullptr};
+  cudaEvent_t done_[2] = {nullptr, nullptr};
+};
+
+}  // namespace
+
+Result<std::unique_ptr<StagedPipe>> StagedPipe::Create(int device, size_t block) {
+  if (DeviceCount() == 0) return Status::NotSupported(Describe());
+  auto pipe = std::make_unique<CudaStagedPipe>(device);
+  cudaError_t err = pipe->Init(block);
+  if (err != cudaSuccess) {
+    return Status::ResourceExhausted(std::string("staged reference: ") + cudaGetErrorString(err));
+  }
+  return std::unique_ptr<StagedPipe>(std::move(pipe));
+}
+
 Result<double> CopyBandwidth(int src_device, int dst_device, size_t block, double seconds,
                              int per_sync) {
   if (DeviceCount() == 0) return Status::NotSupported(Describe());

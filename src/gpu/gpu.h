@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -62,6 +63,26 @@ IpcImportCounts IpcImports();
 // rate of copies each seen complete before the next is issued.
 Result<double> CopyBandwidth(int src_device, int dst_device, size_t block, double seconds,
                              int per_sync = 8);
+
+// The staged end of GPU memory's raw tcp reference (`ferry bench transfer`):
+// `block` bytes of device memory at a time are copied to or from one of two
+// page-locked buffers on a private stream, so the copy through one buffer
+// overlaps the socket call on the other, as a plain program staging by hand
+// would do. Set up before the timed part.
+class StagedPipe {
+ public:
+  // NotSupported without a GPU.
+  static Result<std::unique_ptr<StagedPipe>> Create(int device, size_t block);
+  virtual ~StagedPipe() = default;
+  // Page-locked buffer `slot` (0 or 1) of `block` bytes.
+  virtual char* buffer(int slot) = 0;
+  // Enqueues buffer(slot) <- device `src` (Fetch) or device `dst` <-
+  // buffer(slot) (Store), `n` <= block bytes, after the slot's earlier copy.
+  virtual Status Fetch(int slot, const void* src, size_t n) = 0;
+  virtual Status Store(int slot, void* dst, size_t n) = 0;
+  // Blocks until the slot's copies are done.
+  virtual Status Wait(int slot) = 0;
+};
 
 // Page-locked host memory (cudaMallocHost), for staging rings made when a
 // segment is opened.

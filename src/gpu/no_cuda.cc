@@ -18,6 +18,9 @@ Result<void*> AllocDevice(size_t, int) { return Status::NotSupported("built with
 void FreeDevice(void*) {}
 Result<void*> AllocPinned(size_t) { return Status::NotSupported("built without CUDA"); }
 void FreePinned(void*) {}
+Result<std::unique_ptr<StagedPipe>> StagedPipe::Create(int, size_t) {
+  return Status::NotSupported("built without CUDA");
+}
 Result<double> CopyBandwidth(int, int, size_t, double, int) {
   return Status::NotSupported("built without CUDA");
 }

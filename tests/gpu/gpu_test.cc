@@ -419,6 +419,54 @@ TEST_P(GpuTransfer, GpuMemoryAtATcpTargetFromHostBuffers) {
 INSTANTIATE_TEST_SUITE_P(Transports, GpuTransfer, ::testing::Values("local", "cuda_ipc", "tcp"),
                          [](const auto& info) { return info.param; });
 
+// The bench's hand-staged reference: blocks stored through one buffer come
+// back through the other, each where it was put.
+TEST(Gpu, StagedPipeMovesBlocksThroughBothBuffers) {
+  SKIP_WITHOUT_GPU();
+  constexpr size_t kBlock = 64 << 10;
+  auto pipe = gpu::StagedPipe::Create(0, kBlock);
+  ASSERT_TRUE(pipe.ok()) << pipe.status().ToString();
+  auto dev = gpu::AllocDevice(2 * kBlock, 0);
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  char* d = static_cast<char*>(dev.value());
+  gpu::StagedPipe& p = *pipe.value();
+  std::vector<char> a(kBlock), b(kBlock);
+  test::FillRandom(a.data(), kBlock, 1);
+  test::FillRandom(b.data(), kBlock, 2);
+  std::copy(a.begin(), a.end(), p.buffer(0));
+  std::copy(b.begin(), b.end(), p.buffer(1));
+  ASSERT_TRUE(p.Store(0, d, kBlock).ok());
+  ASSERT_TRUE(p.Store(1, d + kBlock, kBlock).ok());
+  ASSERT_TRUE(p.Wait(0).ok());
+  ASSERT_TRUE(p.Wait(1).ok());
+  std::fill(p.buffer(0), p.buffer(0) + kBlock, 0);
+  std::fill(p.buffer(1), p.buffer(1) + kBlock, 0);
+  ASSERT_TRUE(p.Fetch(1, d, kBlock).ok());
+  ASSERT_TRUE(p.Fetch(0, d + kBlock, kBlock).ok());
+  ASSERT_TRUE(p.Wait(1).ok());
+  ASSERT_TRUE(p.Wait(0).ok());
+  EXPECT_TRUE(std::equal(a.begin(), a.end(), p.buffer(1)));
+  EXPECT_TRUE(std::equal(b.begin(), b.end(), p.buffer(0)));
+  gpu::FreeDevice(d);
+}
+
+// GPU memory over tcp is set against the same raw streams staging it by
+// hand, beside the host streams, both ways.
+TEST(Gpu, BenchSetsGpuTcpAgainstStreamsThatStageByHand) {
+  SKIP_WITHOUT_GPU();
+  for (const char* op : {"write", "read"}) {
+    SCOPED_TRACE(op);
+    auto j =
+        test::RunBench({"--transport", "tcp", "--op", op, "--block-size", "1MiB", "--batch-size",
+                        "4", "--duration", "0.3", "--gpu-src", "0", "--gpu-dst", "0"});
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    EXPECT_EQ(j.value()["transport"], "tcp");
+    EXPECT_GT(j.value()["reference_gbps"].get<double>(), 0) << "the host streams failed";
+    ASSERT_TRUE(j.value().contains("reference_staged_gbps")) << "the staged streams failed";
+    EXPECT_GT(j.value()["ratio_staged"].get<double>(), 0);
+  }
+}
+
 // A peer's registrations change after the segment was opened: `ferry serve`
 // swaps its GPU buffer on SIGUSR1 (registers a new one, unregisters the old).
 // With no submit in between, the engine imports the new buffer and closes its

@@ -254,22 +254,10 @@ INSTANTIATE_TEST_SUITE_P(Transports, EngineConformance, ::testing::ValuesIn(Tran
 
 // ---- the bench command ----
 
-// Runs `ferry bench transfer` with `args` and --json: its JSON line, once it
-// has exited 0.
 void RunBench(std::vector<std::string> args, nlohmann::json* j) {
-  args.insert(args.begin(), {test::FerryBin(), "bench", "transfer"});
-  args.push_back("--json");
-  auto p = Subprocess::Spawn(args, true);
-  ASSERT_TRUE(p.ok()) << p.status().ToString();
-  for (int i = 0; i < 10 && j->is_null(); ++i) {
-    auto line = p.value()->ReadLine(seconds(60));
-    ASSERT_TRUE(line.ok()) << line.status().ToString();
-    if (!line.value().empty() && line.value()[0] == '{') *j = nlohmann::json::parse(line.value());
-  }
-  ASSERT_FALSE(j->is_null());
-  auto rc = p.value()->Wait(seconds(30));
-  ASSERT_TRUE(rc.ok());
-  EXPECT_EQ(rc.value(), 0);
+  auto r = test::RunBench(std::move(args));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  *j = std::move(r).value();
 }
 
 // `ferry bench transfer` end to end: a target and an initiator process, the

@@ -51,6 +51,23 @@ std::string FerryBin() {
   return env != nullptr && *env != '\0' ? env : FERRY_BIN;
 }
 
+Result<nlohmann::json> RunBench(std::vector<std::string> args) {
+  args.insert(args.begin(), {FerryBin(), "bench", "transfer"});
+  args.push_back("--json");
+  FERRY_ASSIGN_OR_RETURN(auto p, Subprocess::Spawn(args, true));
+  nlohmann::json j;
+  for (int i = 0; i < 10 && j.is_null(); ++i) {
+    auto line = p->ReadLine(std::chrono::seconds(60));
+    if (!line.ok()) return line.status();
+    const std::string& text = line.value();
+    if (!text.empty() && text[0] == '{') j = nlohmann::json::parse(text, nullptr, false);
+  }
+  FERRY_ASSIGN_OR_RETURN(int rc, p->Wait(std::chrono::seconds(30)));
+  if (rc != 0) return Status::Internal("ferry bench transfer exited " + std::to_string(rc));
+  if (!j.is_object()) return Status::Internal("ferry bench transfer printed no JSON line");
+  return j;
+}
+
 Result<Peer> StartPeer(uint64_t alloc_bytes, uint64_t heap_bytes, uint16_t port, uint64_t gpu_bytes,
                        int gpu_device, const std::vector<std::string>& extra) {
   std::vector<std::string> argv = {FerryBin(),

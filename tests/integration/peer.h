@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
@@ -32,6 +33,10 @@ std::thread AnswerOneDescriptorFetch(int lfd, std::vector<uint8_t> payload);
 // The `ferry` binary: FERRY_BIN from the environment (binaries carried to
 // another machine), else the one built beside this test.
 std::string FerryBin();
+
+// Runs `ferry bench transfer` with `args` and --json: its JSON line, once
+// the command has exited 0.
+Result<nlohmann::json> RunBench(std::vector<std::string> args);
 
 // Starts a peer; `port` 0 picks one. `extra` args go to `ferry serve`.
 Result<Peer> StartPeer(uint64_t alloc_bytes, uint64_t heap_bytes, uint16_t port = 0,
