@@ -3,6 +3,7 @@
 #include <thread>
 
 #include "common/env.h"
+#include "common/event_trace.h"
 #include "common/log.h"
 #include "ferry/engine.h"
 
@@ -90,8 +91,10 @@ bool BatchState::WaitDone(Deadline deadline) {
     std::this_thread::yield();
   }
   std::unique_lock lk(mu_);
-  return cv_.wait_until(lk, deadline.at(),
-                        [&] { return succeeded_ + failed_ == requests_.size(); });
+  const bool done =
+      cv_.wait_until(lk, deadline.at(), [&] { return succeeded_ + failed_ == requests_.size(); });
+  FERRY_TRACE(trace::kWaitDone, 0);
+  return done;
 }
 
 bool BatchState::WaitQuiescent(Deadline deadline) {

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/event_trace.h"
 #include "ferry/engine.h"
 #include "gpu/copier.h"
 #include "gpu/gpu.h"
@@ -42,6 +43,7 @@ Status CheckEpoch(size_t i, const Request& r, const Segment& seg) {
 
 Result<std::unique_ptr<Batch>> Submitter::Submit(std::span<const Request> reqs,
                                                  const SubmitOptions& opts) {
+  FERRY_TRACE(trace::kSubmit, 0);
   Millis timeout = opts.timeout.count() > 0 ? opts.timeout : request_timeout_;
   Router::Segments segs;
   FERRY_RETURN_IF_ERROR(router_.Validate(reqs, &segs));

@@ -7,10 +7,13 @@
 #include <algorithm>
 #include <chrono>
 #include <csignal>
+#include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
 #include <vector>
 
+#include "common/event_trace.h"
 #include "ferry/engine.h"
 #include "gpu/kernels.h"
 #include "integration/peer.h"
@@ -418,6 +421,31 @@ TEST_P(GpuTransfer, GpuMemoryAtATcpTargetFromHostBuffers) {
 
 INSTANTIATE_TEST_SUITE_P(Transports, GpuTransfer, ::testing::Values("local", "cuda_ipc", "tcp"),
                          [](const auto& info) { return info.param; });
+
+// FERRY_TRACE_FILE over GPU memory at both ends of tcp: each staged chunk's
+// copy is seen done, and at the target each chunk is announced, received,
+// written back, copied to the device and acked.
+TEST(Gpu, TracesTheStagedPathOfGpuMemoryOverTcp) {
+  SKIP_WITHOUT_GPU();
+  char dir[] = "/tmp/ferry-trace-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  setenv("FERRY_TRACE_FILE", (std::string(dir) + "/t").c_str(), 1);
+  auto j =
+      test::RunBench({"--transport", "tcp", "--op", "write", "--block-size", "1MiB", "--batch-size",
+                      "4", "--duration", "0.2", "--gpu-src", "0", "--gpu-dst", "0"});
+  unsetenv("FERRY_TRACE_FILE");
+  const auto events = test::ReadTrace(dir);
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  std::map<unsigned, int> n;
+  for (const auto& e : events) ++n[e.stage];
+  EXPECT_GT(n[trace::kStaged], 0);
+  for (auto stage : {trace::kStagedCopyDone, trace::kSend, trace::kReply, trace::kTargetHeader,
+                     trace::kTargetPayload, trace::kLandStart, trace::kLandWrittenBack,
+                     trace::kLandCopyDone, trace::kTargetAck}) {
+    EXPECT_EQ(n[stage], n[trace::kStaged]) << "stage " << stage;
+  }
+}
 
 // The bench's hand-staged reference: blocks stored through one buffer come
 // back through the other, each where it was put.

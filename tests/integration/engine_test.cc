@@ -15,12 +15,15 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/event_trace.h"
 #include "common/subprocess.h"
 #include "common/thread_pool.h"
 #include "gpu/copier.h"
@@ -298,6 +301,49 @@ TEST(BenchCommand, FreshPassesAreTimedOverNewTargetMemory) {
     EXPECT_GT(j["fresh_gbps"].get<double>(), 0);
     EXPECT_GT(j["fresh_ratio"].get<double>(), 0);
   }
+}
+
+// FERRY_TRACE_FILE: each process of the bench writes its events when it
+// exits. Between a batch's submit and its waiter's return, its events show
+// each of the batch's chunks put into a send and answered, and nothing of
+// another batch (host memory: the target marks nothing); every send is seen completed (its
+// completion may run after the reply, so at any time).
+TEST(BenchCommand, TracesEveryChunkOfEachBatchWhereAsked) {
+  char dir[] = "/tmp/ferry-trace-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  setenv("FERRY_TRACE_FILE", (std::string(dir) + "/t").c_str(), 1);
+  nlohmann::json j;
+  RunBench({"--transport", "tcp", "--op", "write", "--block-size", "1MiB", "--batch-size", "4",
+            "--duration", "0.2"},
+           &j);
+  unsetenv("FERRY_TRACE_FILE");
+  const auto events = test::ReadTrace(dir);
+  std::filesystem::remove_all(dir);
+  ASSERT_FALSE(HasFatalFailure());
+  ASSERT_FALSE(events.empty()) << "no process wrote its events";
+  size_t batches = 0;
+  std::map<unsigned, int> in_batch, all;
+  bool open = false;
+  for (const test::TraceEvent& e : events) {
+    ++all[e.stage];
+    if (e.stage == trace::kSent) continue;
+    if (e.stage == trace::kSubmit) {
+      EXPECT_FALSE(open) << "a submit before the last batch's waiter returned";
+      open = true;
+      in_batch.clear();
+    } else if (e.stage == trace::kWaitDone) {
+      ASSERT_TRUE(open);
+      open = false;
+      ++batches;
+      EXPECT_GE(in_batch[trace::kSend], 4) << "batch " << batches;
+      EXPECT_EQ(in_batch[trace::kReply], in_batch[trace::kSend]) << "batch " << batches;
+    } else {
+      EXPECT_TRUE(open) << "stage " << e.stage << " outside a batch";
+      ++in_batch[e.stage];
+    }
+  }
+  EXPECT_GT(batches, 2u);
+  EXPECT_EQ(all[trace::kSent], all[trace::kSend]);
 }
 
 // ---- transport selection ----

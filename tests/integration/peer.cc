@@ -5,8 +5,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "transfer/frame_wire.h"
@@ -66,6 +69,20 @@ Result<nlohmann::json> RunBench(std::vector<std::string> args) {
   if (rc != 0) return Status::Internal("ferry bench transfer exited " + std::to_string(rc));
   if (!j.is_object()) return Status::Internal("ferry bench transfer printed no JSON line");
   return j;
+}
+
+std::vector<TraceEvent> ReadTrace(const std::string& dir) {
+  std::vector<TraceEvent> events;
+  for (const auto& f : std::filesystem::directory_iterator(dir)) {
+    std::ifstream in(f.path());
+    long long ns;
+    unsigned stage;
+    std::string key;
+    while (in >> ns >> stage >> key) events.push_back({ns, stage});
+  }
+  std::sort(events.begin(), events.end(),
+            [](const TraceEvent& a, const TraceEvent& b) { return a.ns < b.ns; });
+  return events;
 }
 
 Result<Peer> StartPeer(uint64_t alloc_bytes, uint64_t heap_bytes, uint16_t port, uint64_t gpu_bytes,

@@ -38,6 +38,14 @@ std::string FerryBin();
 // the command has exited 0.
 Result<nlohmann::json> RunBench(std::vector<std::string> args);
 
+// The events that processes run with FERRY_TRACE_FILE=`dir`/NAME wrote
+// (common/event_trace.h): every file's, in time order.
+struct TraceEvent {
+  long long ns;
+  unsigned stage;
+};
+std::vector<TraceEvent> ReadTrace(const std::string& dir);
+
 // Starts a peer; `port` 0 picks one. `extra` args go to `ferry serve`.
 Result<Peer> StartPeer(uint64_t alloc_bytes, uint64_t heap_bytes, uint16_t port = 0,
                        uint64_t gpu_bytes = 0, int gpu_device = 0,

@@ -5,6 +5,7 @@
 
 #include "common/crc32c.h"
 #include "common/env.h"
+#include "common/event_trace.h"
 #include "common/log.h"
 #include "transfer/handshake.h"
 #include "transfer/segment.h"
@@ -173,6 +174,7 @@ void Lane::Pump() {
   sending_.clear();
   std::vector<asio::const_buffer> bufs;
   std::vector<Task> taken;
+  std::vector<uint64_t> traced;  // the chunks' keys, with tracing on
   // Once per Pump, for the queue's fair share; again only for what a task
   // that was dropped (cancelled, expired) left free.
   for (bool again = true; again;) {
@@ -209,6 +211,10 @@ void Lane::Pump() {
         wire::EncodeCrc(crc32c::Value(t.local, t.length), out.crc);
         bufs.push_back(asio::buffer(out.crc));
       }
+      if (trace::On()) {
+        trace::Mark(trace::kSend, t.remote);
+        traced.push_back(t.remote);
+      }
       inflight_.push_back({std::move(t), id, cfg_.checksum});
     }
   }
@@ -217,7 +223,9 @@ void Lane::Pump() {
   ArmTimer();
   const uint64_t gen = gen_;
   AsyncWriteAll(
-      sock_, std::move(bufs), [self = shared_from_this(), gen](asio::error_code ec, size_t) {
+      sock_, std::move(bufs),
+      [self = shared_from_this(), gen, traced = std::move(traced)](asio::error_code ec, size_t) {
+        for (uint64_t key : traced) trace::Mark(trace::kSent, key);
         if (gen != self->gen_) return;
         self->writing_ = false;
         if (ec) {
@@ -283,6 +291,7 @@ void Lane::OnReply(uint64_t gen) {
   in_begin_ += wire::kHeaderSize;
   if (!dh.ok()) return Fail(dh.status());
   const Header h = dh.value();
+  FERRY_TRACE(trace::kReply, h.addr);
   if (inflight_.empty() || h.id != inflight_.front().id) {
     return Fail(Status::ProtocolError(cfg_.peer_name + " replied out of order"));
   }

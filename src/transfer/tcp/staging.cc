@@ -1,6 +1,7 @@
 #include "transfer/tcp/staging.h"
 
 #include "common/cache.h"
+#include "common/event_trace.h"
 #include "common/thread_pool.h"
 #include "gpu/copier.h"
 #include "gpu/gpu.h"
@@ -62,8 +63,19 @@ void LandStaged(ThreadPool* pool, gpu::Copier& copier, void* dst, const char* bu
                 std::function<void(const Status&)> done) {
   auto land = [&copier, dst, buf, n, device, ready = std::move(ready),
                done = std::move(done)]() mutable {
+    if (!trace::On()) {
+      WriteBackForDma(buf, n);
+      return copier.CopyAsync(dst, buf, n, device, std::move(ready), std::move(done));
+    }
+    const auto key = reinterpret_cast<uint64_t>(dst);
+    trace::Mark(trace::kLandStart, key);
     WriteBackForDma(buf, n);
-    copier.CopyAsync(dst, buf, n, device, std::move(ready), std::move(done));
+    trace::Mark(trace::kLandWrittenBack, key);
+    copier.CopyAsync(dst, buf, n, device, std::move(ready),
+                     [done = std::move(done), key](const Status& st) {
+                       trace::Mark(trace::kLandCopyDone, key);
+                       done(st);
+                     });
   };
   if (pool == nullptr) return land();
   pool->Post(std::move(land));

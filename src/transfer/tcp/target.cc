@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "common/crc32c.h"
+#include "common/event_trace.h"
 #include "common/log.h"
 #include "common/thread_pool.h"
 #include "gpu/copier.h"
@@ -252,11 +253,13 @@ TcpTarget::Next TcpTarget::OnStrand(const Conn& c, Next next) {
 // the copy to the device and read on; the ack goes out once it has
 // landed (R3).
 void TcpTarget::WriteToDevice(const Conn& c, const Header& h, int device) {
+  FERRY_TRACE(trace::kTargetHeader, h.addr);
   auto out = c->Reserve();
   WithStaging(c, [this, c, h, device, out](char* buf) {
     c->BeginFrame();
     AsyncReadPayload(c->socket(), buf, h.length, c->rcv_lowat(),
                      [this, c, h, device, out, buf](auto ec) {
+                       FERRY_TRACE(trace::kTargetPayload, h.addr);
                        c->EndFrame();
                        if (ec) {
                          staging_->Give(buf);
@@ -287,6 +290,7 @@ void TcpTarget::LandWrite(const Conn& c, const Header& h, int device,
                           const std::shared_ptr<FrameConnection::Slot>& out, char* buf) {
   LandThen(c, reinterpret_cast<void*>(h.addr), buf, h.length, device, landing_,
            [this, c, h, out, buf](const Status& st) {
+             FERRY_TRACE(trace::kTargetAck, h.addr);
              staging_->Give(buf);
              if (!st.ok()) {
                FERRY_LOG_ERROR("listener: GPU write at 0x{:x} failed: {}", h.addr, st.ToString());

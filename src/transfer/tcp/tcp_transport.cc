@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "common/env.h"
+#include "common/event_trace.h"
 #include "common/log.h"
 #include "common/thread_pool.h"
 #include "ferry/engine.h"
@@ -123,9 +124,11 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
 
   void Start(Task t, char* buf) {
     auto self = shared_from_this();
+    FERRY_TRACE(trace::kStaged, t.remote);
     if (t.op == Op::kWrite) {
       copier_->CopyAsync(buf, t.local, t.length, t.gpu_device, t.ready,
                          [self, t, buf](const Status& st) {
+                           FERRY_TRACE(trace::kStagedCopyDone, t.remote);
                            if (!st.ok()) {
                              self->Release(buf);
                              return t.Done(st);

@@ -1,0 +1,46 @@
+// Where a batch's time goes: timestamped events along a chunk's path
+// (docs/performance.md, "Against raw streams that stage GPU memory by
+// hand"). Off unless FERRY_TRACE_FILE is set when the process starts; then
+// each Mark appends {steady clock ns, stage, key} to a buffer of 4 Mi events
+// (later ones are dropped), written as text lines "ns stage key(hex)" to
+// $FERRY_TRACE_FILE.<pid> when the process exits normally. Processes on one
+// host share the clock, so a bench's two processes line up;
+// scripts/trace-batches reads the files. Off, FERRY_TRACE costs a branch.
+#pragma once
+
+#include <cstdint>
+
+namespace ferry::trace {
+
+// A chunk's key is the remote address it moves (the target sees the same);
+// batch events have key 0.
+enum Stage : uint32_t {
+  kSubmit = 0,          // a batch is submitted
+  kStaged = 1,          // initiator: a chunk of GPU memory has its staging buffer
+  kStagedCopyDone = 2,  // initiator: its device-to-host copy is seen done
+  kSend = 3,            // initiator: a chunk goes into a lane's send
+  kSent = 4,            // initiator: that send has completed
+  kReply = 5,           // initiator: a chunk's ack or read data arrives
+  kWaitDone = 6,        // a batch's waiter returns
+  kTargetHeader = 10,   // target: a write into GPU memory is announced
+  kTargetPayload = 11,  // target: its payload is in staging
+  kLandStart = 12,      // a landing job starts (key: the device address)
+  kLandWrittenBack = 13,
+  kLandCopyDone = 14,  // its host-to-device copy is seen done
+  kTargetAck = 15,     // target: the ack is queued on the connection
+};
+
+namespace detail {
+extern bool on;  // set once, at static initialization
+}  // namespace detail
+
+inline bool On() { return detail::on; }
+void Mark(Stage stage, uint64_t key);
+
+// Marks only when tracing is on.
+#define FERRY_TRACE(stage, key)                                                        \
+  do {                                                                                 \
+    if (::ferry::trace::On()) ::ferry::trace::Mark(stage, static_cast<uint64_t>(key)); \
+  } while (0)
+
+}  // namespace ferry::trace
