@@ -5,7 +5,6 @@
 // for shm.
 #include <arpa/inet.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -14,7 +13,6 @@
 #include <atomic>
 #include <csignal>
 #include <cstring>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -23,6 +21,7 @@
 
 #include "cli/bench_util.h"
 #include "cli/cli.h"
+#include "cli/transfer_reference.h"
 #include "common/clock.h"
 #include "common/env.h"
 #include "common/subprocess.h"
@@ -32,237 +31,6 @@
 
 namespace ferry::cli {
 namespace {
-
-constexpr uint64_t kRefSink = 1, kRefSource = 2, kRefFresh = 3;
-// Or'ed into a sink's or source's mode: the target's end stages its GPU's
-// memory, where the target's buffer is on a GPU.
-constexpr uint64_t kRefStaged = 1 << 8;
-
-// One end of a reference stream: `span` bytes it cycles through, of host
-// memory, or of a GPU's memory copied through a gpu::StagedPipe a block at a
-// time, the copy of one block overlapping the socket call of the other.
-class RefEnd {
- public:
-  ~RefEnd() {
-    pipe_.reset();
-    if (dev_ != nullptr) gpu::FreeDevice(dev_);
-  }
-
-  // `device` -1: host memory. False when the memory cannot be had.
-  bool SetUp(int device, uint64_t span, uint64_t block) {
-    span_ = span;
-    if (device < 0) {
-      host_.assign(span, 1);
-      return true;
-    }
-    auto dev = gpu::AllocDevice(span, device);
-    if (!dev.ok()) return false;
-    dev_ = static_cast<char*>(dev.value());
-    auto pipe = gpu::StagedPipe::Create(device, block);
-    if (pipe.ok()) pipe_ = std::move(pipe).value();
-    return pipe_ != nullptr;
-  }
-
-  // Sends (`send`) or receives `total` bytes over `fd` in `block`-sized
-  // socket calls. False on any error.
-  bool Move(int fd, bool send, uint64_t total, uint64_t block) {
-    if (pipe_ == nullptr) {
-      uint64_t left = total, off = 0;
-      bool ok = true;
-      while (ok && left > 0) {
-        const size_t n = std::min<uint64_t>(left, block);
-        ok = send ? WriteAll(fd, host_.data() + off, n) : ReadAll(fd, host_.data() + off, n);
-        left -= n;
-        off = (off + block) % span_;
-      }
-      return ok;
-    }
-    return send ? SendStaged(fd, total, block) : ReceiveStaged(fd, total, block);
-  }
-
- private:
-  // Block i+1 is fetched while block i is sent.
-  bool SendStaged(int fd, uint64_t total, uint64_t block) {
-    uint64_t left = total, off = 0;
-    size_t n = std::min<uint64_t>(left, block);
-    int slot = 0;
-    bool ok = left == 0 || (pipe_->Fetch(slot, dev_, n).ok() && pipe_->Wait(slot).ok());
-    while (ok && left > 0) {
-      const size_t cur = n;
-      left -= cur;
-      off = (off + block) % span_;
-      n = std::min<uint64_t>(left, block);
-      if (left > 0) ok = pipe_->Fetch(slot ^ 1, dev_ + off, n).ok();
-      ok = ok && WriteAll(fd, pipe_->buffer(slot), cur);
-      if (ok && left > 0) ok = pipe_->Wait(slot ^ 1).ok();
-      slot ^= 1;
-    }
-    return ok;
-  }
-
-  // Block i is stored while block i+1 is received; a buffer is reused once
-  // its store is done. Returns once every block is in device memory.
-  bool ReceiveStaged(int fd, uint64_t total, uint64_t block) {
-    uint64_t left = total, off = 0;
-    bool ok = true;
-    for (int slot = 0; ok && left > 0; slot ^= 1) {
-      const size_t n = std::min<uint64_t>(left, block);
-      ok = pipe_->Wait(slot).ok() && ReadAll(fd, pipe_->buffer(slot), n) &&
-           pipe_->Store(slot, dev_ + off, n).ok();
-      left -= n;
-      off = (off + block) % span_;
-    }
-    return ok && pipe_->Wait(0).ok() && pipe_->Wait(1).ok();
-  }
-
-  uint64_t span_ = 0;
-  std::vector<char> host_;
-  char* dev_ = nullptr;
-  std::unique_ptr<gpu::StagedPipe> pipe_;
-};
-
-// --fresh at the target: frees the previous fresh buffer and sets up a new
-// one of `bytes`, returning its address (0 on failure).
-using FreshSource = std::function<uint64_t(uint64_t bytes)>;
-
-// The target's side of the raw reference: each stream on a thread of its own.
-// A command is {mode u64, total u64, block u64, spread u64}, answered with one
-// byte once its buffer is set up (untimed, as the engine's memory is), or
-// not at all when it cannot be; a sink answers another byte after `total`.
-// Blocks cycle through `spread` bytes (at least one block): see
-// ReferenceStream. With kRefStaged in the mode, they do so in the memory of
-// GPU `device` where that is 0 or more.
-// A fresh command is {kRefFresh, bytes, 0, 0}, answered with the address.
-void ServeReferenceStream(int fd, const FreshSource& fresh, int device) {
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  uint64_t cmd[4];
-  const bool got = ReadAll(fd, cmd, sizeof(cmd));
-  const uint64_t mode = got ? cmd[0] & ~kRefStaged : 0;
-  if (mode == kRefFresh) {
-    const uint64_t addr = cmd[1] > 0 && cmd[1] <= (8ull << 30) ? fresh(cmd[1]) : 0;
-    WriteAll(fd, &addr, sizeof(addr));
-  } else if ((mode == kRefSink || mode == kRefSource) && cmd[2] > 0 && cmd[2] <= (1ull << 30) &&
-             cmd[3] <= (8ull << 30)) {
-    const uint64_t block = cmd[2], span = std::max(block, cmd[3] / block * block);
-    RefEnd end;
-    char ready = 1;
-    if (end.SetUp((cmd[0] & kRefStaged) != 0 ? device : -1, span, block) &&
-        WriteAll(fd, &ready, 1) && end.Move(fd, mode == kRefSource, cmd[1], block) &&
-        mode == kRefSink) {
-      WriteAll(fd, &ready, 1);
-    }
-  }
-  close(fd);
-}
-
-void ServeReference(int lfd, FreshSource fresh, int device) {
-  for (;;) {
-    int fd = accept(lfd, nullptr, nullptr);
-    if (fd < 0) return;
-    std::thread(ServeReferenceStream, fd, fresh, device).detach();
-  }
-}
-
-// A connection to the target's reference socket, -1 on failure.
-int ConnectReference(const std::string& host, uint16_t port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  inet_pton(AF_INET, host.c_str(), &a.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-// Asks the target for fresh memory of `bytes`; its address, 0 on failure.
-uint64_t AskFresh(const std::string& host, uint16_t port, uint64_t bytes) {
-  const int fd = ConnectReference(host, port);
-  if (fd < 0) return 0;
-  uint64_t cmd[4] = {kRefFresh, bytes, 0, 0}, addr = 0;
-  const bool ok = WriteAll(fd, cmd, sizeof(cmd)) && ReadAll(fd, &addr, sizeof(addr));
-  close(fd);
-  return ok ? addr : 0;
-}
-
-// How a reference stream's ends hold their bytes.
-struct RefMemory {
-  uint64_t spread = 0;  // above one block: both ends cycle through that many bytes
-  int device = -1;      // 0 or more: this end stages that GPU's memory
-  bool staged = false;  // the target's end stages its GPU's memory, if it has one
-};
-
-// One raw stream of `total` bytes in `block`-sized sends (write) or receives
-// (read). With a spread, both ends cycle through that many bytes, as the
-// engine's batch does through its buffers, instead of one hot block. Both
-// ends set up their memory, then the stream waits for `go`, so no page fault
-// falls in the timed part. False on any socket or copy error.
-bool ReferenceStream(const std::string& host, uint16_t port, bool write, uint64_t total,
-                     uint64_t block, const RefMemory& mem, std::atomic<int>& ready,
-                     const std::atomic<bool>& go) {
-  const int fd = ConnectReference(host, port);
-  block = std::min<uint64_t>(block, 1ull << 30);
-  const uint64_t span = std::max(block, mem.spread / block * block);
-  RefEnd end;
-  bool ok = fd >= 0 && end.SetUp(mem.device, span, block);
-  if (ok) {
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    uint64_t cmd[4] = {(write ? kRefSink : kRefSource) | (mem.staged ? kRefStaged : 0), total,
-                       block, span};
-    char peer_ready;
-    ok = WriteAll(fd, cmd, sizeof(cmd)) && ReadAll(fd, &peer_ready, 1);
-  }
-  ready.fetch_add(1);  // failed or not: the others must not wait on it
-  while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
-  ok = ok && end.Move(fd, write, total, block);
-  char done;
-  if (ok && write) ok = ReadAll(fd, &done, 1);
-  if (fd >= 0) close(fd);
-  return ok;
-}
-
-// The physical reference of tcp: `total` bytes over `streams` raw loopback
-// TCP streams at once, as many as the engine's lanes, so both sides get the
-// same parallelism. Timed from when every stream is set up. GB/s, 0 on
-// failure.
-double ReferenceTcp(const std::string& host, uint16_t port, bool write, uint64_t total,
-                    uint64_t block, int streams, const RefMemory& mem) {
-  const uint64_t share = total / static_cast<uint64_t>(streams);
-  std::atomic<int> failed{0}, ready{0};
-  std::atomic<bool> go{false};
-  std::vector<std::thread> threads;
-  for (int i = 0; i < streams; ++i) {
-    const uint64_t n = i + 1 < streams ? share : total - share * static_cast<uint64_t>(i);
-    threads.emplace_back([&, n] {
-      if (!ReferenceStream(host, port, write, n, block, mem, ready, go)) failed.fetch_add(1);
-    });
-  }
-  while (ready.load() < streams) std::this_thread::yield();
-  auto t0 = Clock::now();
-  go.store(true, std::memory_order_release);
-  for (auto& t : threads) t.join();
-  double secs = SecondsSince(t0);
-  return failed.load() == 0 ? static_cast<double>(total) / secs / 1e9 : 0;
-}
-
-double ReferenceMemcpy(uint64_t block, double seconds) {
-  std::vector<char> src(block, 3), dst(block, 0);
-  std::memcpy(dst.data(), src.data(), block);  // fault the pages in first
-  uint64_t bytes = 0;
-  auto t0 = Clock::now();
-  do {
-    std::memcpy(dst.data(), src.data(), block);
-    bytes += block;
-  } while (SecondsSince(t0) < seconds);
-  volatile char sink = dst[block / 2];
-  (void)sink;
-  return static_cast<double>(bytes) / SecondsSince(t0) / 1e9;
-}
 
 // The bench's host buffer of `bytes` on `e`: engine-allocated, or with
 // --memory heap anonymous memory advised to huge pages (where the kernel's

@@ -63,19 +63,17 @@ void LandStaged(ThreadPool* pool, gpu::Copier& copier, void* dst, const char* bu
                 std::function<void(const Status&)> done) {
   auto land = [&copier, dst, buf, n, device, ready = std::move(ready),
                done = std::move(done)]() mutable {
-    if (!trace::On()) {
-      WriteBackForDma(buf, n);
-      return copier.CopyAsync(dst, buf, n, device, std::move(ready), std::move(done));
-    }
     const auto key = reinterpret_cast<uint64_t>(dst);
-    trace::Mark(trace::kLandStart, key);
+    FERRY_TRACE(trace::kLandStart, key);
     WriteBackForDma(buf, n);
-    trace::Mark(trace::kLandWrittenBack, key);
-    copier.CopyAsync(dst, buf, n, device, std::move(ready),
-                     [done = std::move(done), key](const Status& st) {
-                       trace::Mark(trace::kLandCopyDone, key);
-                       done(st);
-                     });
+    FERRY_TRACE(trace::kLandWrittenBack, key);
+    if (trace::On()) {
+      done = [done = std::move(done), key](const Status& st) {
+        trace::Mark(trace::kLandCopyDone, key);
+        done(st);
+      };
+    }
+    copier.CopyAsync(dst, buf, n, device, std::move(ready), std::move(done));
   };
   if (pool == nullptr) return land();
   pool->Post(std::move(land));

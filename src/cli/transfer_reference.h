@@ -1,0 +1,44 @@
+// The physical references of `ferry bench transfer`, measured between the
+// same two processes as the engine: raw loopback TCP streams, one per engine
+// lane (with GPU memory, also the same streams staging it by hand), and a
+// single-thread memcpy. The target serves its ends on a socket of its own.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace ferry::cli {
+
+// --fresh at the target: frees the previous fresh buffer and sets up a new
+// one of `bytes`, returning its address (0 on failure).
+using FreshSource = std::function<uint64_t(uint64_t bytes)>;
+
+// The target's side: accepts on `lfd` until it fails, each stream on a
+// thread of its own. A stream that asks to stage does so in GPU `device`'s
+// memory where that is 0 or more.
+void ServeReference(int lfd, FreshSource fresh, int device);
+
+// Asks the target at host:port for fresh memory of `bytes`; its address, 0
+// on failure.
+uint64_t AskFresh(const std::string& host, uint16_t port, uint64_t bytes);
+
+// How a reference stream's ends hold their bytes.
+struct RefMemory {
+  uint64_t spread = 0;  // above one block: both ends cycle through that many bytes
+  int device = -1;      // 0 or more: this end stages that GPU's memory
+  bool staged = false;  // the target's end stages its GPU's memory, if it has one
+};
+
+// The physical reference of tcp: `total` bytes written to (or read from)
+// the target at host:port in `block`-sized socket calls over `streams` raw
+// loopback TCP streams at once, as many as the engine's lanes, so both sides
+// get the same parallelism. Timed from when every stream is set up. GB/s, 0
+// on failure.
+double ReferenceTcp(const std::string& host, uint16_t port, bool write, uint64_t total,
+                    uint64_t block, int streams, const RefMemory& mem);
+
+// GB/s of a single thread copying `block` bytes over and over for `seconds`.
+double ReferenceMemcpy(uint64_t block, double seconds);
+
+}  // namespace ferry::cli
