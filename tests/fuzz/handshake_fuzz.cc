@@ -372,10 +372,12 @@ void FakeTarget(World& w, const uint8_t* data, size_t size, bool challenge) {
   const auto until = Clock::now() + kStall;
   const uint64_t expected = size > 0 ? data[0] % 2 * kEpoch : 0;
   if (size > 0) ++data, --size;
+  // ConnectTo waits out a connect that libFuzzer's timer interrupts (asio's
+  // blocking connect failed with EINTR there).
   auto sock = std::make_unique<asio::ip::tcp::socket>(w.io);
   asio::error_code ec;
-  sock->connect({asio::ip::address_v4::loopback(), ntohs(w.fake_addr.sin_port)}, ec);
-  FUZZ_CHECK(!ec, "connect: %s", ec.message().c_str());
+  sock->assign(asio::ip::tcp::v4(), fuzz::ConnectTo(w.fake_addr), ec);
+  FUZZ_CHECK(!ec, "assign: %s", ec.message().c_str());
   int fd = -1;
   while ((fd = accept4(w.fake, nullptr, nullptr, SOCK_CLOEXEC)) < 0 && errno == EINTR) {
   }
