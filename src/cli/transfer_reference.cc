@@ -109,17 +109,19 @@ class RefEnd {
 };
 
 // The target's side of the raw reference: each stream on a thread of its own.
-// A command is {mode u64, total u64, block u64, spread u64}, answered with one
-// byte once its buffer is set up (untimed, as the engine's memory is), or
-// not at all when it cannot be; a sink answers another byte after `total`.
+// A command is {mode u64, total u64, block u64, spread u64, round u64},
+// answered with one byte once its buffer is set up (untimed, as the engine's
+// memory is), or not at all when it cannot be; a sink answers another byte
+// after `total`. With a round, the stream moves `total` that many bytes at a
+// time: a sink answers a byte after each, a source waits for one before each.
 // Blocks cycle through `spread` bytes (at least one block): see
 // ReferenceStream. With kRefStaged in the mode, they do so in the memory of
 // GPU `device` where that is 0 or more.
-// A fresh command is {kRefFresh, bytes, 0, 0}, answered with the address.
+// A fresh command is {kRefFresh, bytes, 0, 0, 0}, answered with the address.
 void ServeReferenceStream(int fd, const FreshSource& fresh, int device) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  uint64_t cmd[4];
+  uint64_t cmd[5];
   const bool got = ReadAll(fd, cmd, sizeof(cmd));
   const uint64_t mode = got ? cmd[0] & ~kRefStaged : 0;
   if (mode == kRefFresh) {
@@ -128,13 +130,21 @@ void ServeReferenceStream(int fd, const FreshSource& fresh, int device) {
   } else if ((mode == kRefSink || mode == kRefSource) && cmd[2] > 0 && cmd[2] <= (1ull << 30) &&
              cmd[3] <= (8ull << 30)) {
     const uint64_t block = cmd[2], span = std::max(block, cmd[3] / block * block);
+    const uint64_t round = cmd[4] > 0 ? cmd[4] : cmd[1];
     RefEnd end;
     char ready = 1;
-    if (end.SetUp((cmd[0] & kRefStaged) != 0 ? device : -1, span, block) &&
-        WriteAll(fd, &ready, 1) && end.Move(fd, mode == kRefSource, cmd[1], block) &&
-        mode == kRefSink) {
-      WriteAll(fd, &ready, 1);
+    bool ok = end.SetUp((cmd[0] & kRefStaged) != 0 ? device : -1, span, block) &&
+              WriteAll(fd, &ready, 1);
+    for (uint64_t left = cmd[1]; ok && left > 0;) {
+      const uint64_t n = std::min(left, round);
+      if (mode == kRefSource) {
+        ok = (cmd[4] == 0 || ReadAll(fd, &ready, 1)) && end.Move(fd, true, n, block);
+      } else {
+        ok = end.Move(fd, false, n, block) && (cmd[4] == 0 || WriteAll(fd, &ready, 1));
+      }
+      left -= n;
     }
+    if (ok && mode == kRefSink) WriteAll(fd, &ready, 1);
   }
   close(fd);
 }
@@ -154,14 +164,27 @@ int ConnectReference(const std::string& host, uint16_t port) {
   return fd;
 }
 
+// Where the streams of a batched reference (ReferenceTcp's `batch`) meet
+// between batches: each counts the rounds it has finished and yields until
+// every stream has finished as many, so the barrier costs no wake-up.
+struct Rounds {
+  int streams = 1;
+  uint64_t round = 0;  // this stream's bytes of a batch; 0: not batched
+  std::atomic<uint64_t> done{0};
+  std::atomic<bool> failed{false};
+};
+
 // One raw stream of `total` bytes in `block`-sized sends (write) or receives
 // (read). With a spread, both ends cycle through that many bytes, as the
 // engine's batch does through its buffers, instead of one hot block. Both
 // ends set up their memory, then the stream waits for `go`, so no page fault
-// falls in the timed part. False on any socket or copy error.
+// falls in the timed part. With rounds, it moves `round` bytes at a time,
+// each confirmed by the target's byte (a write) or asked for with one (a
+// read), and waits for the other streams between them. False on any socket
+// or copy error.
 bool ReferenceStream(const std::string& host, uint16_t port, bool write, uint64_t total,
                      uint64_t block, const RefMemory& mem, std::atomic<int>& ready,
-                     const std::atomic<bool>& go) {
+                     const std::atomic<bool>& go, Rounds& rounds) {
   const int fd = ConnectReference(host, port);
   block = std::min<uint64_t>(block, 1ull << 30);
   const uint64_t span = std::max(block, mem.spread / block * block);
@@ -170,15 +193,30 @@ bool ReferenceStream(const std::string& host, uint16_t port, bool write, uint64_
   if (ok) {
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    uint64_t cmd[4] = {(write ? kRefSink : kRefSource) | (mem.staged ? kRefStaged : 0), total,
-                       block, span};
+    uint64_t cmd[5] = {(write ? kRefSink : kRefSource) | (mem.staged ? kRefStaged : 0), total,
+                       block, span, rounds.round};
     char peer_ready;
     ok = WriteAll(fd, cmd, sizeof(cmd)) && ReadAll(fd, &peer_ready, 1);
   }
   ready.fetch_add(1);  // failed or not: the others must not wait on it
   while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
-  ok = ok && end.Move(fd, write, total, block);
-  char done;
+  char done = 1;
+  if (rounds.round == 0) {
+    ok = ok && end.Move(fd, write, total, block);
+  } else {
+    for (uint64_t left = total, n = 0, i = 1; ok && left > 0; left -= n, ++i) {
+      n = std::min(left, rounds.round);
+      ok = write ? end.Move(fd, true, n, block) && ReadAll(fd, &done, 1)
+                 : WriteAll(fd, &done, 1) && end.Move(fd, false, n, block);
+      rounds.done.fetch_add(1);
+      const uint64_t all = i * static_cast<uint64_t>(rounds.streams);
+      while (ok && rounds.done.load(std::memory_order_acquire) < all) {
+        if (rounds.failed.load()) ok = false;
+        std::this_thread::yield();  // a stream still moving may need this core
+      }
+    }
+    if (!ok) rounds.failed = true;
+  }
   if (ok && write) ok = ReadAll(fd, &done, 1);
   if (fd >= 0) close(fd);
   return ok;
@@ -197,22 +235,32 @@ void ServeReference(int lfd, FreshSource fresh, int device) {
 uint64_t AskFresh(const std::string& host, uint16_t port, uint64_t bytes) {
   const int fd = ConnectReference(host, port);
   if (fd < 0) return 0;
-  uint64_t cmd[4] = {kRefFresh, bytes, 0, 0}, addr = 0;
+  uint64_t cmd[5] = {kRefFresh, bytes, 0, 0, 0}, addr = 0;
   const bool ok = WriteAll(fd, cmd, sizeof(cmd)) && ReadAll(fd, &addr, sizeof(addr));
   close(fd);
   return ok ? addr : 0;
 }
 
 double ReferenceTcp(const std::string& host, uint16_t port, bool write, uint64_t total,
-                    uint64_t block, int streams, const RefMemory& mem) {
-  const uint64_t share = total / static_cast<uint64_t>(streams);
+                    uint64_t block, int streams, const RefMemory& mem, uint64_t batch) {
+  const auto n_streams = static_cast<uint64_t>(streams);
+  Rounds rounds;
+  rounds.streams = streams;
+  if (batch > 0) {
+    // Whole batches, each shared out evenly.
+    rounds.round = std::max<uint64_t>(batch / n_streams, 1);
+    total = std::max<uint64_t>(total / (rounds.round * n_streams), 1) * rounds.round * n_streams;
+  }
+  const uint64_t share = total / n_streams;
   std::atomic<int> failed{0}, ready{0};
   std::atomic<bool> go{false};
   std::vector<std::thread> threads;
   for (int i = 0; i < streams; ++i) {
     const uint64_t n = i + 1 < streams ? share : total - share * static_cast<uint64_t>(i);
     threads.emplace_back([&, n] {
-      if (!ReferenceStream(host, port, write, n, block, mem, ready, go)) failed.fetch_add(1);
+      if (!ReferenceStream(host, port, write, n, block, mem, ready, go, rounds)) {
+        failed.fetch_add(1);
+      }
     });
   }
   while (ready.load() < streams) std::this_thread::yield();

@@ -35,8 +35,15 @@ struct RefMemory {
 // loopback TCP streams at once, as many as the engine's lanes, so both sides
 // get the same parallelism. Timed from when every stream is set up. GB/s, 0
 // on failure.
+//
+// With a `batch` of bytes, the streams move about `total` (whole batches)
+// that many bytes at a time, shared out evenly, as the engine moves a
+// batch: every stream's share of one batch is confirmed by the target (a
+// byte back after a write's share, a byte asking for a read's) before any
+// stream starts the next. The streams meet between batches without a
+// wake-up, so this is the least a batch boundary costs raw sockets.
 double ReferenceTcp(const std::string& host, uint16_t port, bool write, uint64_t total,
-                    uint64_t block, int streams, const RefMemory& mem);
+                    uint64_t block, int streams, const RefMemory& mem, uint64_t batch = 0);
 
 // GB/s of a single thread copying `block` bytes over and over for `seconds`.
 double ReferenceMemcpy(uint64_t block, double seconds);

@@ -22,12 +22,13 @@ enum Stage : uint32_t {
   kSent = 4,            // initiator: that send has completed
   kReply = 5,           // initiator: a chunk's ack or read data arrives
   kWaitDone = 6,        // a batch's waiter returns
-  kTargetHeader = 10,   // target: a write into GPU memory is announced
-  kTargetPayload = 11,  // target: its payload is in staging
+  kTargetHeader = 10,   // target: a write or read is announced
+  kTargetPayload = 11,  // target: a write's payload is in (memory, or staging for a GPU)
   kLandStart = 12,      // a landing job starts (key: the device address)
   kLandWrittenBack = 13,
-  kLandCopyDone = 14,  // its host-to-device copy is seen done
-  kTargetAck = 15,     // target: the ack is queued on the connection
+  kLandCopyDone = 14,   // its host-to-device copy is seen done
+  kTargetAck = 15,      // target: the reply (a write's ack, a read's bytes) is queued
+  kTargetReplyOut = 16, // target: that reply goes into a send
 };
 
 namespace detail {

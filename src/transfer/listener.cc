@@ -14,6 +14,7 @@
 
 #include "common/crc32c.h"
 #include "common/env.h"
+#include "common/event_trace.h"
 #include "common/host.h"
 #include "common/log.h"
 #include "transfer/frame_service.h"
@@ -241,6 +242,12 @@ class Connection : public FrameConnection, public std::enable_shared_from_this<C
       if (o->crc) {
         // Summed as it goes out, so the check spans as little time as it can.
         wire::EncodeCrc(crc32c::Value(o->payload, o->length), o->trailer);
+      }
+      if (trace::On()) {
+        auto h = wire::DecodeHeader(o->header);
+        const bool data = h.ok() && (h.value().opcode == Opcode::kWriteAck ||
+                                     h.value().opcode == Opcode::kReadData);
+        if (data) trace::Mark(trace::kTargetReplyOut, h.value().addr);
       }
       bufs.push_back(asio::buffer(o->header));
       if (o->length > 0) bufs.push_back(asio::buffer(o->payload, o->length));

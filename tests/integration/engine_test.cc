@@ -275,6 +275,10 @@ TEST(BenchCommand, ReportsTheEngineAgainstRawStreamsOfTheSameParallelism) {
   EXPECT_EQ(j["reference"], "tcp_streams");
   EXPECT_EQ(j["reference_streams"].get<int>(), EffectiveTcpLanes(EngineOptions{}.tcp_lanes));
   EXPECT_GT(j["reference_gbps"].get<double>(), 0) << "the raw streams failed";
+  // The same streams confirming each batch ran too, a read's shares asked for.
+  EXPECT_GT(j["reference_batched_gbps"].get<double>(), 0) << "the batched raw streams failed";
+  EXPECT_NEAR(j["ratio_batched"].get<double>(),
+              j["gbps"].get<double>() / j["reference_batched_gbps"].get<double>(), 1e-9);
   // Writes, with the streams over the batch's bytes: each end sets up its
   // buffer and says so before the timing starts.
   nlohmann::json w;
@@ -283,6 +287,7 @@ TEST(BenchCommand, ReportsTheEngineAgainstRawStreamsOfTheSameParallelism) {
                                    &w));
   EXPECT_TRUE(w["reference_spread"].get<bool>());
   EXPECT_GT(w["reference_gbps"].get<double>(), 0) << "the raw streams failed";
+  EXPECT_GT(w["reference_batched_gbps"].get<double>(), 0) << "a write's shares went unconfirmed";
 }
 
 // --fresh: single passes over target memory set up just before each, for
@@ -305,9 +310,10 @@ TEST(BenchCommand, FreshPassesAreTimedOverNewTargetMemory) {
 
 // FERRY_TRACE_FILE: each process of the bench writes its events when it
 // exits. Between a batch's submit and its waiter's return, its events show
-// each of the batch's chunks put into a send and answered, and nothing of
-// another batch (host memory: the target marks nothing); every send is seen completed (its
-// completion may run after the reply, so at any time).
+// each of the batch's chunks put into a send, announced, received and acked
+// at the target, its ack sent, and the chunk answered; nothing of another
+// batch. Every send is seen completed (its completion may run after the
+// reply, so at any time).
 TEST(BenchCommand, TracesEveryChunkOfEachBatchWhereAsked) {
   char dir[] = "/tmp/ferry-trace-XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
@@ -336,7 +342,11 @@ TEST(BenchCommand, TracesEveryChunkOfEachBatchWhereAsked) {
       open = false;
       ++batches;
       EXPECT_GE(in_batch[trace::kSend], 4) << "batch " << batches;
-      EXPECT_EQ(in_batch[trace::kReply], in_batch[trace::kSend]) << "batch " << batches;
+      for (auto stage : {trace::kReply, trace::kTargetHeader, trace::kTargetPayload,
+                         trace::kTargetAck, trace::kTargetReplyOut}) {
+        EXPECT_EQ(in_batch[stage], in_batch[trace::kSend]) << "batch " << batches << " stage "
+                                                           << stage;
+      }
     } else {
       EXPECT_TRUE(open) << "stage " << e.stage << " outside a batch";
       ++in_batch[e.stage];

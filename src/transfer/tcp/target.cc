@@ -88,6 +88,7 @@ StatusCode TcpTarget::Check(const Header& h, int* device) const {
 }
 
 void TcpTarget::HandleWrite(const Conn& c, const Header& h) {
+  FERRY_TRACE(trace::kTargetHeader, h.addr);
   if (h.length > wire::kMaxPayload) return c->Drop("write payload too large");
   const bool crc = (h.flags & wire::kFlagCrc32c) != 0;
   const uint64_t on_wire = h.length + (crc ? wire::kCrcBytes : 0);
@@ -117,6 +118,8 @@ void TcpTarget::HandleWrite(const Conn& c, const Header& h) {
       [c, h](asio::error_code ec) {
         c->EndFrame();
         if (ec) return c->Shutdown();
+        FERRY_TRACE(trace::kTargetPayload, h.addr);
+        FERRY_TRACE(trace::kTargetAck, h.addr);
         c->Reply({Opcode::kWriteAck, StatusCode::kOk, h.id, h.addr, 0}, nullptr);
         c->ReadNext();
       },
@@ -196,6 +199,7 @@ void TcpTarget::Discard(const Conn& c, const Header& h, uint64_t left, StatusCod
 }
 
 void TcpTarget::HandleRead(const Conn& c, const Header& h) {
+  FERRY_TRACE(trace::kTargetHeader, h.addr);
   if (h.length > wire::kMaxPayload) return c->Drop("read length too large");
   int device = -1;
   StatusCode st = Check(h, &device);
@@ -212,6 +216,7 @@ void TcpTarget::HandleRead(const Conn& c, const Header& h) {
     });
   }
   // A Read's flag asks for the checksum, which the reply's flag sends.
+  FERRY_TRACE(trace::kTargetAck, h.addr);
   c->Reply({Opcode::kReadData, StatusCode::kOk, h.id, h.addr, h.length, h.flags},
            reinterpret_cast<const void*>(h.addr));
   c->ReadNext();
@@ -253,7 +258,6 @@ TcpTarget::Next TcpTarget::OnStrand(const Conn& c, Next next) {
 // the copy to the device and read on; the ack goes out once it has
 // landed (R3).
 void TcpTarget::WriteToDevice(const Conn& c, const Header& h, int device) {
-  FERRY_TRACE(trace::kTargetHeader, h.addr);
   auto out = c->Reserve();
   WithStaging(c, [this, c, h, device, out](char* buf) {
     c->BeginFrame();
@@ -313,6 +317,7 @@ void TcpTarget::ReadFromDevice(const Conn& c, const Header& h, int device) {
                  return c->Fill(out, {Opcode::kReadData, StatusCode::kInternal, h.id, h.addr, 0},
                                 nullptr);
                }
+               FERRY_TRACE(trace::kTargetAck, h.addr);
                c->Fill(out, {Opcode::kReadData, StatusCode::kOk, h.id, h.addr, h.length, h.flags},
                        buf, [this, buf] { staging_->Give(buf); });
              });
