@@ -22,6 +22,8 @@ enum Stage : uint32_t {
   kSent = 4,            // initiator: that send has completed
   kReply = 5,           // initiator: a chunk's ack or read data arrives
   kWaitDone = 6,        // a batch's waiter returns
+  kPost = 7,            // the submitter hands a batch's tasks to an endpoint (key 0)
+  kKicked = 8,          // a lane's kick runs on its io thread (key 0)
   kTargetHeader = 10,   // target: a write or read is announced
   kTargetPayload = 11,  // target: a write's payload is in (memory, or staging for a GPU)
   kLandStart = 12,      // a landing job starts (key: the device address)

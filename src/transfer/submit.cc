@@ -134,7 +134,10 @@ Result<std::unique_ptr<Batch>> Submitter::Submit(std::span<const Request> reqs,
       v.push_back(std::move(t));
     }
   }
-  for (auto& ep : keep) ep->Post(std::move(posts[ep.get()]));
+  for (auto& ep : keep) {
+    FERRY_TRACE(trace::kPost, 0);
+    ep->Post(std::move(posts[ep.get()]));
+  }
   return std::make_unique<Batch>(std::move(state));
 }
 

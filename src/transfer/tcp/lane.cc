@@ -89,6 +89,7 @@ Lane::Lane(asio::io_context& io, Config cfg, std::weak_ptr<Segment> segment,
 
 void Lane::Kick() {
   asio::post(strand_, [self = shared_from_this()] {
+    FERRY_TRACE(trace::kKicked, 0);
     if (self->state_ != State::kClosed) self->KickNow();
   });
 }
