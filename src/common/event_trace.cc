@@ -26,7 +26,10 @@ class Log {
     const char* path = std::getenv("FERRY_TRACE_FILE");
     if (path == nullptr || *path == '\0') return;
     path_ = path;
-    events_ = new Event[kCapacity];  // never freed: a thread may mark during exit
+    // Never freed: a thread may mark during exit. Zeroed now, so no mark
+    // pays a page fault: untouched, the buffer faulted once per 170 events,
+    // and traced batches ran about a tenth slower than untraced ones.
+    events_ = new Event[kCapacity]();
     on_ = true;
   }
   ~Log() { Write(); }

@@ -5,7 +5,8 @@
 // (later ones are dropped), written as text lines "ns stage key(hex)" to
 // $FERRY_TRACE_FILE.<pid> when the process exits normally. Processes on one
 // host share the clock, so a bench's two processes line up;
-// scripts/trace-batches reads the files. Off, FERRY_TRACE costs a branch.
+// scripts/trace-batches reads the files. Off, FERRY_TRACE costs a branch;
+// on, the process touches the whole buffer (96 MiB) when it starts.
 #pragma once
 
 #include <cstdint>
