@@ -336,8 +336,9 @@ int RunInitiator(const BenchArgs& a) {
                 ref_staged, gbps / ref_staged);
   }
   if (ref_batched > 0) {
-    std::printf("the same raw streams, each batch confirmed before the next: %.3f GB/s, ratio %.3f\n",
-                ref_batched, gbps / ref_batched);
+    std::printf(
+        "the same raw streams, each batch confirmed before the next: %.3f GB/s, ratio %.3f\n",
+        ref_batched, gbps / ref_batched);
   }
   if (!fresh.empty()) {
     std::printf("fresh target memory, single passes: median %.3f GB/s over %zu, ratio %.3f\n",

@@ -133,8 +133,8 @@ void ServeReferenceStream(int fd, const FreshSource& fresh, int device) {
     const uint64_t round = cmd[4] > 0 ? cmd[4] : cmd[1];
     RefEnd end;
     char ready = 1;
-    bool ok = end.SetUp((cmd[0] & kRefStaged) != 0 ? device : -1, span, block) &&
-              WriteAll(fd, &ready, 1);
+    bool ok =
+        end.SetUp((cmd[0] & kRefStaged) != 0 ? device : -1, span, block) && WriteAll(fd, &ready, 1);
     for (uint64_t left = cmd[1]; ok && left > 0;) {
       const uint64_t n = std::min(left, round);
       if (mode == kRefSource) {

@@ -29,9 +29,9 @@ enum Stage : uint32_t {
   kTargetPayload = 11,  // target: a write's payload is in (memory, or staging for a GPU)
   kLandStart = 12,      // a landing job starts (key: the device address)
   kLandWrittenBack = 13,
-  kLandCopyDone = 14,   // its host-to-device copy is seen done
-  kTargetAck = 15,      // target: the reply (a write's ack, a read's bytes) is queued
-  kTargetReplyOut = 16, // target: that reply goes into a send
+  kLandCopyDone = 14,    // its host-to-device copy is seen done
+  kTargetAck = 15,       // target: the reply (a write's ack, a read's bytes) is queued
+  kTargetReplyOut = 16,  // target: that reply goes into a send
 };
 
 namespace detail {

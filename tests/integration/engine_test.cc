@@ -346,8 +346,8 @@ TEST(BenchCommand, TracesEveryChunkOfEachBatchWhereAsked) {
       EXPECT_EQ(in_batch[trace::kPost], 1) << "batch " << batches;
       for (auto stage : {trace::kReply, trace::kTargetHeader, trace::kTargetPayload,
                          trace::kTargetAck, trace::kTargetReplyOut}) {
-        EXPECT_EQ(in_batch[stage], in_batch[trace::kSend]) << "batch " << batches << " stage "
-                                                           << stage;
+        EXPECT_EQ(in_batch[stage], in_batch[trace::kSend])
+            << "batch " << batches << " stage " << stage;
       }
     } else {
       EXPECT_TRUE(open) << "stage " << e.stage << " outside a batch";
