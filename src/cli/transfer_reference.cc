@@ -172,6 +172,18 @@ struct Rounds {
   uint64_t round = 0;  // this stream's bytes of a batch; 0: not batched
   std::atomic<uint64_t> done{0};
   std::atomic<bool> failed{false};
+
+  // This stream has finished its `n`-th round (from 1), `ok` or not: true
+  // once every stream has, false if any failed.
+  bool Meet(uint64_t n, bool ok) {
+    if (!ok) failed = true;
+    done.fetch_add(1);
+    const uint64_t all = n * static_cast<uint64_t>(streams);
+    while (!failed.load() && done.load(std::memory_order_acquire) < all) {
+      std::this_thread::yield();  // a stream still moving may need this core
+    }
+    return !failed.load();
+  }
 };
 
 // One raw stream of `total` bytes in `block`-sized sends (write) or receives
@@ -200,23 +212,18 @@ bool ReferenceStream(const std::string& host, uint16_t port, bool write, uint64_
   }
   ready.fetch_add(1);  // failed or not: the others must not wait on it
   while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+  // Unbatched, one round of everything, neither confirmed nor met.
+  const bool batched = rounds.round > 0;
+  const uint64_t round = batched ? rounds.round : total;
   char done = 1;
-  if (rounds.round == 0) {
-    ok = ok && end.Move(fd, write, total, block);
-  } else {
-    for (uint64_t left = total, n = 0, i = 1; ok && left > 0; left -= n, ++i) {
-      n = std::min(left, rounds.round);
-      ok = write ? end.Move(fd, true, n, block) && ReadAll(fd, &done, 1)
-                 : WriteAll(fd, &done, 1) && end.Move(fd, false, n, block);
-      rounds.done.fetch_add(1);
-      const uint64_t all = i * static_cast<uint64_t>(rounds.streams);
-      while (ok && rounds.done.load(std::memory_order_acquire) < all) {
-        if (rounds.failed.load()) ok = false;
-        std::this_thread::yield();  // a stream still moving may need this core
-      }
-    }
-    if (!ok) rounds.failed = true;
+  for (uint64_t left = total, n = 0, i = 1; ok && left > 0; left -= n, ++i) {
+    n = std::min(left, round);
+    ok = write ? end.Move(fd, true, n, block) && (!batched || ReadAll(fd, &done, 1))
+               : (!batched || WriteAll(fd, &done, 1)) && end.Move(fd, false, n, block);
+    if (batched) ok = rounds.Meet(i, ok);
   }
+  // A stream that failed before its first round must not leave the others waiting.
+  if (!ok) rounds.failed = true;
   if (ok && write) ok = ReadAll(fd, &done, 1);
   if (fd >= 0) close(fd);
   return ok;
