@@ -23,83 +23,90 @@ std::chrono::microseconds WaitSpin() {
 BatchState::BatchState(size_t requests) : requests_(requests) {}
 
 void BatchState::Plan(size_t index, uint32_t tasks, std::string_view transport) {
-  std::lock_guard lk(mu_);
   Req& r = requests_[index];
-  r.tasks_left = tasks;
+  r.tasks_left.store(tasks, std::memory_order_relaxed);
   r.transport = transport;
-  tasks_outstanding_ += tasks;
+  tasks_outstanding_.fetch_add(tasks, std::memory_order_relaxed);
 }
 
-void BatchState::FinishLocked(Req& r) {
-  r.done = true;
-  finished_.fetch_add(1, std::memory_order_release);
-  if (r.status.ok()) {
-    ++succeeded_;
-  } else {
-    ++failed_;
-    if (first_error_.ok()) first_error_ = r.status;
-  }
-}
-
-void BatchState::FailRequest(size_t index, Status status) {
-  {
+bool BatchState::Finish(Req& r) {
+  if (r.failed.load(std::memory_order_acquire)) {
     std::lock_guard lk(mu_);
-    Req& r = requests_[index];
-    r.status = std::move(status);
-    FinishLocked(r);
+    if (first_error_.ok()) first_error_ = r.status;
+    failed_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    succeeded_.fetch_add(1, std::memory_order_relaxed);
   }
+  r.done.store(true, std::memory_order_release);
+  return finished_.fetch_add(1, std::memory_order_acq_rel) + 1 == requests_.size();
+}
+
+void BatchState::Wake() {
+  { std::lock_guard lk(mu_); }
   cv_.notify_all();
 }
 
-void BatchState::TaskDone(size_t index, const Status& status) {
-  bool wake;
+void BatchState::FailRequest(size_t index, Status status) {
+  Req& r = requests_[index];
   {
     std::lock_guard lk(mu_);
-    Req& r = requests_[index];
-    if (!status.ok() && r.status.ok()) r.status = status;
-    --tasks_outstanding_;
-    if (--r.tasks_left == 0) FinishLocked(r);
-    // Waiters want the whole batch done or every task released; skip the
-    // futex wake on every other completion.
-    wake = tasks_outstanding_ == 0 || succeeded_ + failed_ == requests_.size();
+    r.status = std::move(status);
+    r.failed.store(true, std::memory_order_release);
   }
-  if (wake) cv_.notify_all();
+  Finish(r);
+  Wake();
+}
+
+void BatchState::TaskDone(size_t index, const Status& status) {
+  Req& r = requests_[index];
+  if (!status.ok()) {
+    std::lock_guard lk(mu_);
+    if (!r.failed.load(std::memory_order_relaxed)) {
+      r.status = status;
+      r.failed.store(true, std::memory_order_release);
+    }
+  }
+  // Waiters want the whole batch done or every task released; the other
+  // completions wake no one.
+  bool wake = r.tasks_left.fetch_sub(1, std::memory_order_acq_rel) == 1 && Finish(r);
+  if (tasks_outstanding_.fetch_sub(1, std::memory_order_acq_rel) == 1) wake = true;
+  if (wake) Wake();
 }
 
 BatchStatus BatchState::Poll() const {
-  std::lock_guard lk(mu_);
   BatchStatus s;
   s.total = requests_.size();
-  s.succeeded = succeeded_;
-  s.failed = failed_;
+  std::lock_guard lk(mu_);
+  s.succeeded = succeeded_.load(std::memory_order_acquire);
+  s.failed = failed_.load(std::memory_order_acquire);
   s.first_error = first_error_;
   return s;
 }
 
 RequestResult BatchState::Result(size_t index) const {
-  std::lock_guard lk(mu_);
   if (index >= requests_.size()) {
     return {true, Status::OutOfRange("request index past the batch"), kNoTransport};
   }
   const Req& r = requests_[index];
-  return {r.done, r.status, r.transport};
+  const bool done = r.done.load(std::memory_order_acquire);
+  std::lock_guard lk(mu_);
+  return {done, r.status, r.transport};
 }
 
 bool BatchState::WaitDone(Deadline deadline) {
+  auto all = [&] { return finished_.load(std::memory_order_acquire) == requests_.size(); };
   const auto spin_end = std::min(deadline.at(), Clock::now() + WaitSpin());
-  while (finished_.load(std::memory_order_acquire) < requests_.size() && Clock::now() < spin_end) {
-    std::this_thread::yield();
-  }
+  while (!all() && Clock::now() < spin_end) std::this_thread::yield();
   std::unique_lock lk(mu_);
-  const bool done =
-      cv_.wait_until(lk, deadline.at(), [&] { return succeeded_ + failed_ == requests_.size(); });
+  const bool done = cv_.wait_until(lk, deadline.at(), all);
   FERRY_TRACE(trace::kWaitDone, 0);
   return done;
 }
 
 bool BatchState::WaitQuiescent(Deadline deadline) {
   std::unique_lock lk(mu_);
-  return cv_.wait_until(lk, deadline.at(), [&] { return tasks_outstanding_ == 0; });
+  return cv_.wait_until(lk, deadline.at(),
+                        [&] { return tasks_outstanding_.load(std::memory_order_acquire) == 0; });
 }
 
 void BatchState::NoteDeadline(Deadline d) {

@@ -43,24 +43,34 @@ class BatchState {
   Deadline latest_deadline() const;
 
  private:
+  // A task's completion touches only atomics unless it failed; the lock is
+  // taken for errors and for the one wake-up a batch's end needs. With eight
+  // lanes' io threads completing tasks at once, a shared mutex made them
+  // sleep on each other (futex waits on the H200, issue 16).
   struct Req {
-    uint32_t tasks_left = 0;
-    bool done = false;
-    Status status;
-    std::string_view transport = kNoTransport;
+    std::atomic<uint32_t> tasks_left{0};
+    std::atomic<bool> failed{false};  // status holds why; set under mu_
+    std::atomic<bool> done{false};
+    Status status;                              // guarded by mu_
+    std::string_view transport = kNoTransport;  // set by Plan, before any task runs
   };
-  void FinishLocked(Req& r);
+  // Request `r`'s last task has completed: counts it; true when it was the
+  // batch's last request.
+  bool Finish(Req& r);
+  // Wakes the waiters; taking mu_ first, so a waiter between its check and
+  // its sleep cannot miss it.
+  void Wake();
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<Req> requests_;                  // guarded by mu_
-  size_t succeeded_ = 0;                       // guarded by mu_
-  size_t failed_ = 0;                          // guarded by mu_
-  size_t tasks_outstanding_ = 0;               // guarded by mu_
+  std::vector<Req> requests_;
+  std::atomic<size_t> succeeded_{0};
+  std::atomic<size_t> failed_{0};  // changed under mu_, with first_error_
+  std::atomic<size_t> tasks_outstanding_{0};
   Status first_error_;                         // guarded by mu_
   Deadline latest_{Clock::time_point::min()};  // guarded by mu_
   std::atomic<bool> cancelled_{false};
-  std::atomic<size_t> finished_{0};  // requests done; read by WaitDone without mu_
+  std::atomic<size_t> finished_{0};  // requests done, counted after their outcome
 };
 
 // The unit a transport moves: a slice of one request.

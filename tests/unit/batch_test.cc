@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "ferry/status.h"
@@ -119,7 +121,92 @@ TEST(ChunkQueue, ClosedFailsWhatItHeldAndWhatComesLater) {
   EXPECT_TRUE(q.empty());
 }
 
-// A Wake runs the job at once, and says so; without one, the period decides.
+// Eight threads complete a batch's tasks at once, as eight lanes' io threads
+// do, some with errors: each request is counted once, with its first error,
+// and the waiter wakes only once the last task is in.
+TEST(BatchState, TasksCompletedFromManyThreadsAtOnceCountEachRequestOnce) {
+  constexpr size_t kRequests = 4000, kThreads = 8;
+  auto b = std::make_shared<BatchState>(kRequests);
+  for (size_t i = 0; i < kRequests; ++i) b->Plan(i, 2, "tcp");
+  // Request i's two tasks go to two different threads; every 7th request's
+  // first task fails, every 11th's second.
+  auto fails = [](size_t i, int task) { return task == 0 ? i % 7 == 0 : i % 11 == 0; };
+  std::atomic<bool> waited{false};
+  std::thread waiter([&] { waited = b->WaitDone(Deadline::After(Millis(60000))); });
+  std::vector<std::thread> lanes;
+  for (size_t k = 0; k < kThreads; ++k) {
+    lanes.emplace_back([&, k] {
+      for (size_t i = 0; i < kRequests; ++i) {
+        for (int task = 0; task < 2; ++task) {
+          if ((i + static_cast<size_t>(task)) % kThreads != k) continue;
+          if (i == kRequests - 1 && task == 1) continue;  // held back
+          b->TaskDone(i, fails(i, task) ? Status::Timeout("late") : Status::Ok());
+        }
+      }
+    });
+  }
+  for (auto& t : lanes) t.join();
+  EXPECT_FALSE(b->WaitDone(Deadline::After(Millis(20))));
+  EXPECT_FALSE(b->Result(kRequests - 1).done);
+  EXPECT_FALSE(b->WaitQuiescent(Deadline::After(Millis(1))));
+  b->TaskDone(kRequests - 1, Status::Ok());
+  waiter.join();
+  EXPECT_TRUE(waited);
+  EXPECT_TRUE(b->WaitQuiescent(Deadline::After(Millis(10))));
+  size_t failed = 0;
+  for (size_t i = 0; i < kRequests; ++i) {
+    const bool bad = fails(i, 0) || fails(i, 1);
+    failed += bad ? 1 : 0;
+    RequestResult r = b->Result(i);
+    EXPECT_TRUE(r.done) << i;
+    EXPECT_EQ(r.status.code(), bad ? StatusCode::kTimeout : StatusCode::kOk) << i;
+  }
+  BatchStatus s = b->Poll();
+  EXPECT_EQ(s.failed, failed);
+  EXPECT_EQ(s.succeeded, kRequests - failed);
+  EXPECT_EQ(s.first_error.code(), StatusCode::kTimeout);
+}
+
+// Lanes on eight threads take from one shared queue while tasks are still
+// pushed: every task goes to exactly one lane.
+TEST(ChunkQueue, LanesTakingAtOnceGetEachTaskOnce) {
+  constexpr size_t kTasks = 20000, kLanes = 8, kPushes = 100;
+  auto b = std::make_shared<BatchState>(kTasks);
+  const Deadline later = Deadline::After(Millis(60000));
+  ChunkQueue q(kLanes);
+  std::vector<std::atomic<int>> taken(kTasks);
+  std::atomic<size_t> total{0};
+  std::vector<std::thread> lanes;
+  for (size_t k = 0; k < kLanes; ++k) {
+    lanes.emplace_back([&] {
+      std::vector<Task> got;
+      while (total.load() < kTasks) {
+        got.clear();
+        q.TakeWhile([&](const Task&) { return got.size() < 4; }, &got);
+        for (const Task& t : got) taken[t.index].fetch_add(1);
+        total.fetch_add(got.size());
+        if (got.empty()) std::this_thread::yield();
+      }
+    });
+  }
+  for (size_t p = 0; p < kPushes; ++p) {
+    std::vector<Task> tasks;
+    for (size_t i = p * kTasks / kPushes; i < (p + 1) * kTasks / kPushes; ++i) {
+      b->Plan(i, 1, "tcp");
+      Task t;
+      t.index = static_cast<uint32_t>(i);
+      t.length = 1;
+      t.deadline = later;
+      t.batch = b;
+      tasks.push_back(std::move(t));
+    }
+    q.Push(std::move(tasks));
+  }
+  for (auto& t : lanes) t.join();
+  EXPECT_EQ(total.load(), kTasks);
+  for (size_t i = 0; i < kTasks; ++i) EXPECT_EQ(taken[i].load(), 1) << i;
+  EXPECT_TRUE(q.empty());
+}
 
 }  // namespace
 }  // namespace ferry

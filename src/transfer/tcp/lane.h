@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common/auth.h"
+#include "common/spin_lock.h"
 #include "transfer/batch.h"
 #include "transfer/frame_service.h"
 #include "transfer/frame_wire.h"
@@ -73,7 +74,7 @@ class ChunkQueue {
 
  private:
   const size_t sharers_;
-  mutable std::mutex mu_;
+  mutable SpinLock mu_;     // every lane takes it, for a few tasks at a time
   std::deque<Task> tasks_;  // guarded by mu_
   bool closed_ = false;     // guarded by mu_
 };
