@@ -30,14 +30,15 @@ void BatchState::Plan(size_t index, uint32_t tasks, std::string_view transport) 
 }
 
 bool BatchState::Finish(Req& r) {
+  // Done before counted: whoever sees the count (Poll, WaitDone) sees it.
+  r.done.store(true, std::memory_order_release);
   if (r.failed.load(std::memory_order_acquire)) {
     std::lock_guard lk(mu_);
     if (first_error_.ok()) first_error_ = r.status;
-    failed_.fetch_add(1, std::memory_order_relaxed);
+    failed_.fetch_add(1, std::memory_order_acq_rel);
   } else {
-    succeeded_.fetch_add(1, std::memory_order_relaxed);
+    succeeded_.fetch_add(1, std::memory_order_acq_rel);
   }
-  r.done.store(true, std::memory_order_release);
   return finished_.fetch_add(1, std::memory_order_acq_rel) + 1 == requests_.size();
 }
 
@@ -94,7 +95,11 @@ RequestResult BatchState::Result(size_t index) const {
 }
 
 bool BatchState::WaitDone(Deadline deadline) {
-  auto all = [&] { return finished_.load(std::memory_order_acquire) == requests_.size(); };
+  // The sum Poll reports, so the two never disagree.
+  auto all = [&] {
+    return succeeded_.load(std::memory_order_acquire) + failed_.load(std::memory_order_acquire) ==
+           requests_.size();
+  };
   const auto spin_end = std::min(deadline.at(), Clock::now() + WaitSpin());
   while (!all() && Clock::now() < spin_end) std::this_thread::yield();
   std::unique_lock lk(mu_);

@@ -70,7 +70,7 @@ class BatchState {
   Status first_error_;                         // guarded by mu_
   Deadline latest_{Clock::time_point::min()};  // guarded by mu_
   std::atomic<bool> cancelled_{false};
-  std::atomic<size_t> finished_{0};  // requests done, counted after their outcome
+  std::atomic<size_t> finished_{0};  // requests counted; the last to count wakes the waiters
 };
 
 // The unit a transport moves: a slice of one request.
