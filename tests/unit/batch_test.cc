@@ -39,14 +39,15 @@ TEST(BatchState, CountsTasksAndReportsTheFirstError) {
   EXPECT_TRUE(b->WaitQuiescent(Deadline::After(Millis(10))));
 }
 
-// Tasks of request i of `b`, one each, with the given lengths and deadlines.
+// Tasks of requests first, first+1, ... of `b`, one each, with the given
+// lengths and deadlines.
 std::vector<Task> TasksOf(const std::shared_ptr<BatchState>& b, std::vector<uint64_t> lengths,
-                          std::vector<Deadline> deadlines) {
+                          std::vector<Deadline> deadlines, size_t first = 0) {
   std::vector<Task> out;
   for (size_t i = 0; i < lengths.size(); ++i) {
-    b->Plan(i, 1, "tcp");
+    b->Plan(first + i, 1, "tcp");
     Task t;
-    t.index = static_cast<uint32_t>(i);
+    t.index = static_cast<uint32_t>(first + i);
     t.length = lengths[i];
     t.deadline = deadlines[i];
     t.batch = b;
@@ -213,18 +214,10 @@ TEST(ChunkQueue, LanesTakingAtOnceGetEachTaskOnce) {
       }
     });
   }
+  constexpr size_t kPerPush = kTasks / kPushes;
   for (size_t p = 0; p < kPushes; ++p) {
-    std::vector<Task> tasks;
-    for (size_t i = p * kTasks / kPushes; i < (p + 1) * kTasks / kPushes; ++i) {
-      b->Plan(i, 1, "tcp");
-      Task t;
-      t.index = static_cast<uint32_t>(i);
-      t.length = 1;
-      t.deadline = later;
-      t.batch = b;
-      tasks.push_back(std::move(t));
-    }
-    q.Push(std::move(tasks));
+    q.Push(TasksOf(b, std::vector<uint64_t>(kPerPush, 1), std::vector<Deadline>(kPerPush, later),
+                   p * kPerPush));
   }
   for (auto& t : lanes) t.join();
   EXPECT_EQ(total.load(), kTasks);
