@@ -17,6 +17,7 @@
 #include "ferry/engine.h"
 #include "gpu/kernels.h"
 #include "integration/peer.h"
+#include "integration/raw_client.h"
 
 #ifdef FERRY_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -415,6 +416,38 @@ TEST_P(GpuTransfer, GpuMemoryAtATcpTargetFromHostBuffers) {
     for (size_t i = 0; i < n; ++i) out[i] = static_cast<unsigned char>(i * 7 + n);
     ASSERT_TRUE(other.value()->Transfer({Op::kWrite, out.data(), seg.value(), dev_dst_, n}).ok());
     ASSERT_TRUE(other.value()->Transfer({Op::kRead, in.data(), seg.value(), dev_dst_, n}).ok());
+    EXPECT_EQ(in, out) << n << " bytes";
+  }
+}
+
+// Writes into GPU memory cut off mid-payload give their staging back: more
+// of them than the listener has buffers, and an engine's writes to that
+// memory still land whole, their bytes exact.
+TEST(Gpu, WritesCutOffMidPayloadGiveTheirStagingBack) {
+  SKIP_WITHOUT_GPU();
+  constexpr size_t kBytes = 1 << 20;
+  auto p = test::StartPeer(kBytes, 0, 0, kBytes);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  std::vector<char> junk(300 << 10, 'x');
+  for (int i = 0; i < 80; ++i) {
+    test::RawClient c(p.value().port());
+    ASSERT_TRUE(c.connected());
+    c.SendHeader(wire::Opcode::kWrite, p.value().gpu_addr, 512 << 10);
+    c.Send(junk.data(), junk.size());
+  }
+  EngineOptions o;
+  o.transport = "tcp";
+  auto e = Engine::Create(o);
+  ASSERT_TRUE(e.ok());
+  auto seg = e.value()->OpenSegment(p.value().segment);
+  ASSERT_TRUE(seg.ok()) << seg.status().ToString();
+  for (size_t n : {kBytes, size_t{300001}}) {
+    std::vector<unsigned char> out(n), in(n, 0);
+    for (size_t i = 0; i < n; ++i) out[i] = static_cast<unsigned char>(i * 13 + n);
+    ASSERT_TRUE(
+        e.value()->Transfer({Op::kWrite, out.data(), seg.value(), p.value().gpu_addr, n}).ok());
+    ASSERT_TRUE(
+        e.value()->Transfer({Op::kRead, in.data(), seg.value(), p.value().gpu_addr, n}).ok());
     EXPECT_EQ(in, out) << n << " bytes";
   }
 }

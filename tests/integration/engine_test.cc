@@ -288,6 +288,16 @@ TEST(BenchCommand, ReportsTheEngineAgainstRawStreamsOfTheSameParallelism) {
   EXPECT_TRUE(w["reference_spread"].get<bool>());
   EXPECT_GT(w["reference_gbps"].get<double>(), 0) << "the raw streams failed";
   EXPECT_GT(w["reference_batched_gbps"].get<double>(), 0) << "a write's shares went unconfirmed";
+  // Two submitting threads, whose batches overlap: against the same
+  // unbroken streams, and not against streams confirming each batch.
+  nlohmann::json t;
+  ASSERT_NO_FATAL_FAILURE(RunBench({"--transport", "tcp", "--op", "write", "--block-size", "65536",
+                                    "--batch-size", "8", "--duration", "0.3", "--threads", "2"},
+                                   &t));
+  EXPECT_EQ(t["threads"].get<int>(), 2);
+  EXPECT_GT(t["gbps"].get<double>(), 0);
+  EXPECT_GT(t["reference_gbps"].get<double>(), 0) << "the raw streams failed";
+  EXPECT_FALSE(t.contains("reference_batched_gbps"));
 }
 
 // --fresh: single passes over target memory set up just before each, for
