@@ -7,17 +7,14 @@
 #include <algorithm>
 #include <chrono>
 #include <csignal>
-#include <filesystem>
-#include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
 #include <vector>
 
-#include "common/event_trace.h"
 #include "ferry/engine.h"
 #include "gpu/kernels.h"
+#include "gpu/skip.h"
 #include "integration/peer.h"
-#include "integration/raw_client.h"
 
 #ifdef FERRY_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -25,9 +22,6 @@
 
 namespace ferry {
 namespace {
-
-#define SKIP_WITHOUT_GPU() \
-  if (gpu::DeviceCount() == 0) GTEST_SKIP() << gpu::Describe()
 
 TEST(Gpu, ProbeNeverFailsAndHostMemoryIsPageable) {
   // With no driver this must say "no GPU", not crash or exit.
@@ -420,113 +414,8 @@ TEST_P(GpuTransfer, GpuMemoryAtATcpTargetFromHostBuffers) {
   }
 }
 
-// Writes into GPU memory cut off mid-payload give their staging back: more
-// of them than the listener has buffers, and an engine's writes to that
-// memory still land whole, their bytes exact.
-TEST(Gpu, WritesCutOffMidPayloadGiveTheirStagingBack) {
-  SKIP_WITHOUT_GPU();
-  constexpr size_t kBytes = 1 << 20;
-  auto p = test::StartPeer(kBytes, 0, 0, kBytes);
-  ASSERT_TRUE(p.ok()) << p.status().ToString();
-  std::vector<char> junk(300 << 10, 'x');
-  for (int i = 0; i < 80; ++i) {
-    test::RawClient c(p.value().port());
-    ASSERT_TRUE(c.connected());
-    c.SendHeader(wire::Opcode::kWrite, p.value().gpu_addr, 512 << 10);
-    c.Send(junk.data(), junk.size());
-  }
-  EngineOptions o;
-  o.transport = "tcp";
-  auto e = Engine::Create(o);
-  ASSERT_TRUE(e.ok());
-  auto seg = e.value()->OpenSegment(p.value().segment);
-  ASSERT_TRUE(seg.ok()) << seg.status().ToString();
-  for (size_t n : {kBytes, size_t{300001}}) {
-    std::vector<unsigned char> out(n), in(n, 0);
-    for (size_t i = 0; i < n; ++i) out[i] = static_cast<unsigned char>(i * 13 + n);
-    ASSERT_TRUE(
-        e.value()->Transfer({Op::kWrite, out.data(), seg.value(), p.value().gpu_addr, n}).ok());
-    ASSERT_TRUE(
-        e.value()->Transfer({Op::kRead, in.data(), seg.value(), p.value().gpu_addr, n}).ok());
-    EXPECT_EQ(in, out) << n << " bytes";
-  }
-}
-
 INSTANTIATE_TEST_SUITE_P(Transports, GpuTransfer, ::testing::Values("local", "cuda_ipc", "tcp"),
                          [](const auto& info) { return info.param; });
-
-// FERRY_TRACE_FILE over GPU memory at both ends of tcp: each staged chunk's
-// copy is seen done, and at the target each chunk is announced, received,
-// written back, copied to the device and acked.
-TEST(Gpu, TracesTheStagedPathOfGpuMemoryOverTcp) {
-  SKIP_WITHOUT_GPU();
-  char dir[] = "/tmp/ferry-trace-XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
-  setenv("FERRY_TRACE_FILE", (std::string(dir) + "/t").c_str(), 1);
-  auto j =
-      test::RunBench({"--transport", "tcp", "--op", "write", "--block-size", "1MiB", "--batch-size",
-                      "4", "--duration", "0.2", "--gpu-src", "0", "--gpu-dst", "0"});
-  unsetenv("FERRY_TRACE_FILE");
-  const auto events = test::ReadTrace(dir);
-  std::filesystem::remove_all(dir);
-  ASSERT_TRUE(j.ok()) << j.status().ToString();
-  std::map<unsigned, int> n;
-  for (const auto& e : events) ++n[e.stage];
-  EXPECT_GT(n[trace::kStaged], 0);
-  for (auto stage : {trace::kStagedCopyDone, trace::kSend, trace::kReply, trace::kTargetHeader,
-                     trace::kTargetPayload, trace::kLandStart, trace::kLandWrittenBack,
-                     trace::kLandCopyDone, trace::kTargetAck}) {
-    EXPECT_EQ(n[stage], n[trace::kStaged]) << "stage " << stage;
-  }
-}
-
-// The bench's hand-staged reference: blocks stored through one buffer come
-// back through the other, each where it was put.
-TEST(Gpu, StagedPipeMovesBlocksThroughBothBuffers) {
-  SKIP_WITHOUT_GPU();
-  constexpr size_t kBlock = 64 << 10;
-  auto pipe = gpu::StagedPipe::Create(0, kBlock);
-  ASSERT_TRUE(pipe.ok()) << pipe.status().ToString();
-  auto dev = gpu::AllocDevice(2 * kBlock, 0);
-  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
-  char* d = static_cast<char*>(dev.value());
-  gpu::StagedPipe& p = *pipe.value();
-  std::vector<char> a(kBlock), b(kBlock);
-  test::FillRandom(a.data(), kBlock, 1);
-  test::FillRandom(b.data(), kBlock, 2);
-  std::copy(a.begin(), a.end(), p.buffer(0));
-  std::copy(b.begin(), b.end(), p.buffer(1));
-  ASSERT_TRUE(p.Store(0, d, kBlock).ok());
-  ASSERT_TRUE(p.Store(1, d + kBlock, kBlock).ok());
-  ASSERT_TRUE(p.Wait(0).ok());
-  ASSERT_TRUE(p.Wait(1).ok());
-  std::fill(p.buffer(0), p.buffer(0) + kBlock, 0);
-  std::fill(p.buffer(1), p.buffer(1) + kBlock, 0);
-  ASSERT_TRUE(p.Fetch(1, d, kBlock).ok());
-  ASSERT_TRUE(p.Fetch(0, d + kBlock, kBlock).ok());
-  ASSERT_TRUE(p.Wait(1).ok());
-  ASSERT_TRUE(p.Wait(0).ok());
-  EXPECT_TRUE(std::equal(a.begin(), a.end(), p.buffer(1)));
-  EXPECT_TRUE(std::equal(b.begin(), b.end(), p.buffer(0)));
-  gpu::FreeDevice(d);
-}
-
-// GPU memory over tcp is set against the same raw streams staging it by
-// hand, beside the host streams, both ways.
-TEST(Gpu, BenchSetsGpuTcpAgainstStreamsThatStageByHand) {
-  SKIP_WITHOUT_GPU();
-  for (const char* op : {"write", "read"}) {
-    SCOPED_TRACE(op);
-    auto j =
-        test::RunBench({"--transport", "tcp", "--op", op, "--block-size", "1MiB", "--batch-size",
-                        "4", "--duration", "0.3", "--gpu-src", "0", "--gpu-dst", "0"});
-    ASSERT_TRUE(j.ok()) << j.status().ToString();
-    EXPECT_EQ(j.value()["transport"], "tcp");
-    EXPECT_GT(j.value()["reference_gbps"].get<double>(), 0) << "the host streams failed";
-    ASSERT_TRUE(j.value().contains("reference_staged_gbps")) << "the staged streams failed";
-    EXPECT_GT(j.value()["ratio_staged"].get<double>(), 0);
-  }
-}
 
 // A peer's registrations change after the segment was opened: `ferry serve`
 // swaps its GPU buffer on SIGUSR1 (registers a new one, unregisters the old).
