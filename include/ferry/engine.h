@@ -70,8 +70,9 @@ struct EngineOptions {
   // peer's lanes share one chunk queue (more than one io thread), so a
   // batch's chunks wait there for whichever lane frees first instead of
   // being dealt out at once; else 4. Small chunks get as many as
-  // FERRY_TCP_WINDOW_KIB holds where that is more (256 KiB with a shared
-  // queue, else 1 MiB; 16 at most); requests to GPU memory at the target
+  // FERRY_TCP_WINDOW_KIB holds where that is more (with a shared queue,
+  // half a lane's share of the batch from 256 to 512 KiB, else 1 MiB; 16 at
+  // most); requests to GPU memory at the target
   // twice this (8 for 0). docs/performance.md has the measurements.
   int tcp_chunks_in_flight = 0;
   // tcp: every write and read payload carries a CRC-32C, checked at the
@@ -92,6 +93,13 @@ struct EngineOptions {
   // EffectiveIoSpinUs chooses, 50 µs unless the io threads are half the
   // cores or more.
   int io_spin_us = -1;
+  // Where the io threads run; env FERRY_IO_CPUS. "auto": each on a CPU of
+  // its own where the process may use 8 CPUs or more, claimed host-wide so
+  // that the engines of one host take different ones (none pinned when too
+  // few are free); "off": where the scheduler puts them; a list such as
+  // "0-7,12": thread i on the i-th CPU of it. On the H200 machine's 16
+  // cores "auto" moved tcp 8-18% more; on the 2-core VM it moved nothing.
+  std::string io_cpus = "auto";
   // shm and local copy threads; env FERRY_COPY_THREADS. 0: 2, or 4 on 16
   // cores or more, where a third and fourth thread lifted shm writes into
   // fresh memory by two thirds (docs/performance.md).

@@ -18,6 +18,7 @@
 
 #include "common/auth.h"
 #include "common/cache.h"
+#include "common/cpu_claim.h"
 #include "common/env.h"
 #include "common/host.h"
 #include "common/log.h"
@@ -155,7 +156,8 @@ class Engine::Impl {
     router_ = std::make_unique<Router>(*transports_, *peers_, memory_->registry(), has_gpu);
     submitter_ = std::make_unique<Submitter>(*router_, *peers_, copier_.get(), relay_.get(),
                                              options_.request_timeout);
-    io_.Start("ferry-io");
+    FERRY_ASSIGN_OR_RETURN(std::vector<int> io_cpus, IoCpus(io_threads));
+    io_.Start("ferry-io", std::move(io_cpus));
     watch_->Start();
     if (etcd_) {
       FERRY_RETURN_IF_ERROR(etcd_->Start(
@@ -200,6 +202,21 @@ class Engine::Impl {
     return Status::Ok();
   }
 
+  // The CPUs of the io threads, as options_.io_cpus says; none: unpinned.
+  Result<std::vector<int>> IoCpus(int io_threads) {
+    if (options_.io_cpus == "off") return std::vector<int>{};
+    // A list, checked by ApplyEnv.
+    if (options_.io_cpus != "auto") return cpus::ParseList(options_.io_cpus);
+    const std::vector<int> allowed = cpus::Allowed();
+    if (allowed.size() < 8) return std::vector<int>{};
+    io_claim_ =
+        cpus::Claim::Take(cpus::DefaultRegistry(), allowed, static_cast<size_t>(io_threads));
+    if (io_claim_.cpus().empty()) {
+      FERRY_LOG_INFO("io threads left unpinned: fewer than {} CPUs unclaimed", io_threads);
+    }
+    return io_claim_.cpus();
+  }
+
   // InvalidArgument, naming the variable, where one is malformed.
   Status ApplyEnv() {
     if (options_.transport.empty()) {
@@ -217,6 +234,14 @@ class Engine::Impl {
     if (options_.io_spin_us < -1 || options_.io_spin_us > 10000) {
       return Status::InvalidArgument(
           "io_spin_us (FERRY_IO_SPIN_US) must be 0 to 10000, or -1 for the default");
+    }
+    if (auto v = env::Get("FERRY_IO_CPUS")) options_.io_cpus = *v;
+    if (options_.io_cpus != "auto" && options_.io_cpus != "off") {
+      auto list = cpus::ParseList(options_.io_cpus);
+      if (!list.ok()) {
+        return Status::InvalidArgument("io_cpus (FERRY_IO_CPUS) must be auto, off or a list: " +
+                                       list.status().message());
+      }
     }
     FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_COPY_THREADS", &options_.copy_threads));
     FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_LANDING_THREADS", &options_.landing_threads));
@@ -268,6 +293,7 @@ class Engine::Impl {
   std::shared_ptr<const auth::Key> key_;  // the cluster secret; null: none
   uint64_t epoch_ = 0;
   std::string name_;
+  cpus::Claim io_claim_;  // the io threads' CPUs under "auto"; released after they stop
   IoPool io_;
   std::unique_ptr<gpu::Copier> copier_;  // null without a GPU
   std::unique_ptr<StreamRelay> relay_;   // null without a GPU

@@ -1,5 +1,7 @@
 #include "transfer/io_pool.h"
 
+#include "common/cpu_claim.h"
+#include "common/log.h"
 #include "common/thread_name.h"
 
 namespace ferry {
@@ -23,9 +25,10 @@ asio::io_context& IoPool::Next() {
 
 // A sleeping thread's wake-up costs more than the poll: on the H200
 // machine and the 2-core VM alike, tcp moved more bytes with 50 µs of it.
-void IoPool::Start(const char* name) {
+void IoPool::Start(const char* name, std::vector<int> cpus) {
   for (int i = 0; i < threads_; ++i) {
     asio::io_context* io = contexts_[static_cast<size_t>(i) % contexts_.size()].get();
+    const int cpu = cpus.empty() ? -1 : cpus[static_cast<size_t>(i) % cpus.size()];
     running_.emplace_back([io, name, spin = spin_] {
       NameThisThread(name);
       if (spin.count() == 0) {
@@ -41,6 +44,10 @@ void IoPool::Start(const char* name) {
         if (ran == 0) io->run_one();
       }
     });
+    if (cpu >= 0) {  // here, so that it holds once Start returns
+      Status st = cpus::PinThread(running_.back().native_handle(), cpu);
+      if (!st.ok()) FERRY_LOG_WARN("{} thread left unpinned: {}", name, st.ToString());
+    }
   }
 }
 

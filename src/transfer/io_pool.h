@@ -37,8 +37,9 @@ class IoPool {
   // The first context, for what has no socket of its own (an acceptor).
   asio::io_context& first() { return *contexts_.front(); }
 
-  // Starts the threads, each named `name`.
-  void Start(const char* name);
+  // Starts the threads, each named `name`; thread i is kept on cpus[i % n]
+  // when `cpus` is not empty (common/cpu_claim.h).
+  void Start(const char* name, std::vector<int> cpus = {});
   // Lets queued handlers (close handlers, say) run until every context is out
   // of work or `drain` passes, then stops and joins the threads.
   void Stop(Millis drain);

@@ -5,15 +5,19 @@
 // whole-batch codes (bad_input_test.cc); per-request OutOfRange, Timeout,
 // ConnectionLost and PeerRestarted (engine_test.cc, bad_input_test.cc).
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 #include <vector>
 
 #include "common/bytes.h"
 #include "common/clock.h"
+#include "common/cpu_claim.h"
 #include "ferry/engine.h"
 #include "gpu/gpu.h"
 #include "integration/peer.h"
@@ -68,7 +72,7 @@ TEST(EngineContract, CreateRefusesAMalformedEnvironmentVariable) {
   for (const char* name :
        {"FERRY_TCP_LANES", "FERRY_MAX_CONNECTIONS", "FERRY_MAX_CONNECTIONS_PER_SOURCE",
         "FERRY_STAGING_WRITEBACK", "FERRY_LOG_LEVEL", "FERRY_IO_SHARED", "FERRY_TCP_GPU_LANES",
-        "FERRY_IO_SPIN_US"}) {
+        "FERRY_IO_SPIN_US", "FERRY_IO_CPUS"}) {
     setenv(name, "abc", 1);
     auto e = Engine::Create({});
     unsetenv(name);
@@ -112,6 +116,49 @@ TEST(EngineContract, IoPollingDefaultFollowsTheThreadsPerCore) {
   setenv("FERRY_IO_SPIN_US", "-1", 1);  // the default, spelled out
   EXPECT_EQ(CreateFails({}), StatusCode::kOk);
   unsetenv("FERRY_IO_SPIN_US");
+}
+
+// io_cpus as a list: each io thread runs only on its CPU of it, and bytes
+// still move.
+TEST(EngineContract, IoThreadsRunOnTheCpusListed) {
+  const std::vector<int> allowed = cpus::Allowed();
+  ASSERT_FALSE(allowed.empty());
+  const int cpu = allowed.back();
+  EngineOptions o;
+  o.transport = "tcp";
+  o.io_threads = 2;
+  o.io_cpus = std::to_string(cpu);
+  auto e = Engine::Create(o);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  // The threads name themselves once running.
+  int pinned = 0;
+  for (int tries = 0; tries < 400 && pinned < 2; ++tries) {
+    if (tries > 0) std::this_thread::sleep_for(milliseconds(5));
+    pinned = 0;
+    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+      std::ifstream comm(task.path() / "comm");
+      std::string name;
+      std::getline(comm, name);
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      if (name != "ferry-io" ||
+          sched_getaffinity(std::stoi(task.path().filename()), sizeof(set), &set) != 0) {
+        continue;
+      }
+      if (CPU_COUNT(&set) == 1 && CPU_ISSET(cpu, &set)) ++pinned;
+    }
+  }
+  EXPECT_EQ(pinned, 2) << "io threads on CPU " << cpu << " alone";
+  auto mem = e.value()->AllocateMemory(1 << 20);
+  ASSERT_TRUE(mem.ok());
+  auto seg = e.value()->OpenSegment(e.value()->name());
+  ASSERT_TRUE(seg.ok());
+  std::vector<char> src(1 << 20, 5);
+  ASSERT_TRUE(e.value()
+                  ->Transfer({Op::kWrite, src.data(), seg.value(),
+                              reinterpret_cast<uint64_t>(mem.value()), src.size()})
+                  .ok());
+  EXPECT_EQ(std::memcmp(mem.value(), src.data(), src.size()), 0);
 }
 
 // Each io thread polling its own sockets (the default) and all of them on
@@ -325,7 +372,8 @@ int SentUnanswered(EngineOptions o, uint64_t remote, uint64_t chunk, int request
 // A request to the target's GPU memory waits there for a copy to staging, so
 // a lane lets twice its window of them on the wire; small chunks of host
 // memory get up to a megabyte's worth (16 at most) on a lane of its own
-// queue, 256 KiB's on a shared one; large ones the window.
+// queue, on a shared one half a lane's share of the batch from 256 KiB to
+// 512 KiB (here 3 MiB on one lane: 512 KiB); large ones the window.
 TEST(TcpLanes, TheWindowGrowsForGpuMemoryAndForSmallChunks) {
   struct Case {
     uint64_t remote;
@@ -335,7 +383,7 @@ TEST(TcpLanes, TheWindowGrowsForGpuMemoryAndForSmallChunks) {
   // CI forces FERRY_TCP_SHARED_QUEUE in one pass.
   const bool shared = ChunkQueue::Shared(1);
   for (Case c : {Case{test::SilentTarget::kHost, 4096, 16}, Case{test::SilentTarget::kGpu, 4096, 4},
-                 Case{test::SilentTarget::kHost, 128 << 10, shared ? 2 : 8},
+                 Case{test::SilentTarget::kHost, 128 << 10, shared ? 4 : 8},
                  Case{test::SilentTarget::kHost, 512 << 10, 2}}) {
     EngineOptions o;
     o.tcp_lanes = 1;
@@ -346,23 +394,28 @@ TEST(TcpLanes, TheWindowGrowsForGpuMemoryAndForSmallChunks) {
 }
 
 // Unset, the windows follow the queue: where a peer's lanes share one (more
-// than one io thread), 2 chunks a lane, or 256 KiB of small ones; where each
-// has its own, 4, or 1 MiB.
+// than one io thread), 2 chunks a lane, or small ones in two rounds of a
+// lane's share of the batch (256 to 512 KiB); where each has its own, 4, or
+// 1 MiB.
 TEST(TcpLanes, TheDefaultWindowIsNarrowWhereLanesShareAQueue) {
   struct Case {
     int io_threads;
     uint64_t chunk;
+    int requests;
   };
-  for (Case c : {Case{1, 512 << 10}, Case{2, 512 << 10}, Case{1, 64 << 10}, Case{2, 64 << 10}}) {
+  for (Case c : {Case{1, 512 << 10, 48}, Case{2, 512 << 10, 48}, Case{1, 64 << 10, 48},
+                 Case{2, 64 << 10, 48}, Case{2, 64 << 10, 16}}) {
     const bool shared = ChunkQueue::Shared(static_cast<size_t>(c.io_threads));
-    const int per_lane = c.chunk == 512 << 10 ? (shared ? 2 : 4) : (shared ? 4 : 16);
+    // A lane's share of 48 x 64 KiB is 1.5 MiB (window 512 KiB), of 16 512 KiB (256 KiB).
+    const int small = c.requests == 48 ? 8 : 4;
+    const int per_lane = c.chunk == 512 << 10 ? (shared ? 2 : 4) : (shared ? small : 16);
     const int want = 2 * per_lane;  // of 2 lanes
     EngineOptions o;
     o.tcp_lanes = 2;
     o.io_threads = c.io_threads;
-    EXPECT_EQ(SentUnanswered(o, test::SilentTarget::kHost, c.chunk, 48, want), want)
-        << c.io_threads << " io threads" << (shared ? ", a shared queue" : "") << ", chunks of "
-        << c.chunk;
+    EXPECT_EQ(SentUnanswered(o, test::SilentTarget::kHost, c.chunk, c.requests, want), want)
+        << c.io_threads << " io threads" << (shared ? ", a shared queue" : "") << ", " << c.requests
+        << " chunks of " << c.chunk;
   }
   if (std::getenv("FERRY_TCP_SHARED_QUEUE") == nullptr) {
     EXPECT_FALSE(ChunkQueue::Shared(1));

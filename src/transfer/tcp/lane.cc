@@ -28,6 +28,9 @@ bool ChunkQueue::Shared(size_t io_threads) {
 }
 
 void ChunkQueue::Push(std::vector<Task> tasks) {
+  uint64_t bytes = 0;
+  for (const auto& t : tasks) bytes += t.length;
+  share_bytes_.store(bytes / sharers_, std::memory_order_relaxed);
   {
     std::lock_guard lk(mu_);
     if (!closed_) {
@@ -163,8 +166,12 @@ size_t Lane::Window(const Task& t) const {
   constexpr size_t kMaxWindow = 16;
   const auto n = static_cast<size_t>(cfg_.max_in_flight);
   if (t.gpu_remote) return static_cast<size_t>(cfg_.gpu_window);
-  return std::max(
-      n, std::min<size_t>(kMaxWindow, cfg_.small_window_bytes / std::max<uint64_t>(t.length, 1)));
+  uint64_t bytes = cfg_.small_window_bytes;
+  if (cfg_.small_window_follows_share) {
+    bytes =
+        std::clamp<uint64_t>(queue_->share_bytes() / 2, bytes, std::max(bytes, kMaxFollowedWindow));
+  }
+  return std::max(n, std::min<size_t>(kMaxWindow, bytes / std::max<uint64_t>(t.length, 1)));
 }
 
 // Sends every task the window lets on the wire in one gathered write, so

@@ -253,6 +253,7 @@ class TcpTransport : public Transport {
     cfg.max_in_flight = Lane::ChunksInFlight(ctx_.options.tcp_chunks_in_flight, shared);
     static const int64_t window_kib = env::GetIntIn("FERRY_TCP_WINDOW_KIB", 64, 16384, -1);
     cfg.small_window_bytes = Lane::SmallWindowBytes(window_kib, shared);
+    cfg.small_window_follows_share = shared && window_kib < 0;
     auto group = [&](int n) {
       auto g = std::make_shared<LaneGroup>();
       for (int i = 0; i < n; ++i) {
