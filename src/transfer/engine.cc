@@ -156,8 +156,7 @@ class Engine::Impl {
     router_ = std::make_unique<Router>(*transports_, *peers_, memory_->registry(), has_gpu);
     submitter_ = std::make_unique<Submitter>(*router_, *peers_, copier_.get(), relay_.get(),
                                              options_.request_timeout);
-    FERRY_ASSIGN_OR_RETURN(std::vector<int> io_cpus, IoCpus(io_threads));
-    io_.Start("ferry-io", std::move(io_cpus));
+    io_.Start("ferry-io", IoCpus(io_threads));
     watch_->Start();
     if (etcd_) {
       FERRY_RETURN_IF_ERROR(etcd_->Start(
@@ -203,12 +202,10 @@ class Engine::Impl {
   }
 
   // The CPUs of the io threads, as options_.io_cpus says; none: unpinned.
-  Result<std::vector<int>> IoCpus(int io_threads) {
-    if (options_.io_cpus == "off") return std::vector<int>{};
-    // A list, checked by ApplyEnv.
-    if (options_.io_cpus != "auto") return cpus::ParseList(options_.io_cpus);
+  std::vector<int> IoCpus(int io_threads) {
+    if (options_.io_cpus != "auto") return io_cpu_list_;  // "off": empty
     const std::vector<int> allowed = cpus::Allowed();
-    if (allowed.size() < 8) return std::vector<int>{};
+    if (allowed.size() < 8) return {};
     io_claim_ =
         cpus::Claim::Take(cpus::DefaultRegistry(), allowed, static_cast<size_t>(io_threads));
     if (io_claim_.cpus().empty()) {
@@ -242,6 +239,7 @@ class Engine::Impl {
         return Status::InvalidArgument("io_cpus (FERRY_IO_CPUS) must be auto, off or a list: " +
                                        list.status().message());
       }
+      io_cpu_list_ = std::move(list).value();
     }
     FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_COPY_THREADS", &options_.copy_threads));
     FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_LANDING_THREADS", &options_.landing_threads));
@@ -293,7 +291,8 @@ class Engine::Impl {
   std::shared_ptr<const auth::Key> key_;  // the cluster secret; null: none
   uint64_t epoch_ = 0;
   std::string name_;
-  cpus::Claim io_claim_;  // the io threads' CPUs under "auto"; released after they stop
+  std::vector<int> io_cpu_list_;  // io_cpus as a list, parsed by ApplyEnv
+  cpus::Claim io_claim_;          // the io threads' CPUs under "auto"; released after they stop
   IoPool io_;
   std::unique_ptr<gpu::Copier> copier_;  // null without a GPU
   std::unique_ptr<StreamRelay> relay_;   // null without a GPU
