@@ -15,6 +15,7 @@
 
 #include "cli/bench_util.h"
 #include "common/clock.h"
+#include "common/cpu_claim.h"
 #include "gpu/gpu.h"
 
 namespace ferry::cli {
@@ -290,6 +291,43 @@ double ReferenceMemcpy(uint64_t block, double seconds) {
   volatile char sink = dst[block / 2];
   (void)sink;
   return static_cast<double>(bytes) / SecondsSince(t0) / 1e9;
+}
+
+double ReferenceCrossCpu(double seconds) {
+  const std::vector<int> cpus = cpus::Allowed();
+  if (cpus.size() < 2) return 0;
+  constexpr size_t kBlock = 64 << 10, kSlots = 16;
+  std::vector<char> ring(kBlock * kSlots, 0), src(kBlock, 3), dst(kBlock, 0);
+  std::vector<std::atomic<bool>> full(kSlots);
+  for (auto& f : full) f.store(false);
+  std::atomic<bool> stop{false};
+  uint64_t taken = 0;
+  // Each side spins on its slot's flag, checking `stop`, so neither outlives
+  // the timer below.
+  auto side = [&](int cpu, bool producer) {
+    (void)cpus::PinThread(pthread_self(), cpu);
+    for (uint64_t i = 0; !stop.load(std::memory_order_relaxed); ++i) {
+      std::atomic<bool>& f = full[i % kSlots];
+      while (f.load(std::memory_order_acquire) == producer) {
+        if (stop.load(std::memory_order_relaxed)) return;
+      }
+      char* slot = ring.data() + (i % kSlots) * kBlock;
+      if (producer) {
+        std::memcpy(slot, src.data(), kBlock);
+      } else {
+        std::memcpy(dst.data(), slot, kBlock);
+        taken = i + 1;
+      }
+      f.store(producer, std::memory_order_release);
+    }
+  };
+  auto t0 = Clock::now();
+  std::thread in(side, cpus[0], true), out(side, cpus[1], false);
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  stop = true;
+  in.join();
+  out.join();
+  return static_cast<double>(taken * kBlock) / SecondsSince(t0) / 1e9;
 }
 
 }  // namespace ferry::cli

@@ -48,4 +48,12 @@ double ReferenceTcp(const std::string& host, uint16_t port, bool write, uint64_t
 // GB/s of a single thread copying `block` bytes over and over for `seconds`.
 double ReferenceMemcpy(uint64_t block, double seconds);
 
+// GB/s of 64 KiB blocks that a thread on one CPU copies into a ring and a
+// thread on another CPU copies out, for `seconds`: how fast bytes cross
+// between two of the CPUs this process may use (the first two). Loopback tcp
+// moves every byte across like that. A guest's vCPUs can sit on host cores
+// far apart, and then this falls several-fold; taken before and after a
+// run, it tells such runs apart. 0 with fewer than two CPUs.
+double ReferenceCrossCpu(double seconds);
+
 }  // namespace ferry::cli

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/cpu_claim.h"
 #include "common/event_trace.h"
 #include "common/subprocess.h"
 #include "common/thread_pool.h"
@@ -279,6 +280,15 @@ TEST(BenchCommand, ReportsTheEngineAgainstRawStreamsOfTheSameParallelism) {
   EXPECT_GT(j["reference_batched_gbps"].get<double>(), 0) << "the batched raw streams failed";
   EXPECT_NEAR(j["ratio_batched"].get<double>(),
               j["gbps"].get<double>() / j["reference_batched_gbps"].get<double>(), 1e-9);
+  // Bytes across two CPUs, before and after, where there are two to use.
+  if (cpus::Allowed().size() >= 2) {
+    ASSERT_TRUE(j.contains("cross_cpu_gbps"));
+    ASSERT_EQ(j["cross_cpu_gbps"].size(), 2u);
+    EXPECT_GT(j["cross_cpu_gbps"][0].get<double>(), 0);
+    EXPECT_GT(j["cross_cpu_gbps"][1].get<double>(), 0);
+  } else {
+    EXPECT_FALSE(j.contains("cross_cpu_gbps"));
+  }
   // Writes, with the streams over the batch's bytes: each end sets up its
   // buffer and says so before the timing starts.
   nlohmann::json w;
