@@ -80,8 +80,8 @@ struct EngineOptions {
   // ProtocolError instead of landing. Env FERRY_TCP_CHECKSUM (0 or 1).
   // docs/performance.md has its cost; targets check flagged frames always.
   bool tcp_checksum = false;
-  // Network threads; env FERRY_IO_THREADS. 0: one per 2 cores, at most
-  // the lanes, so lanes move data in parallel where cores allow.
+  // Network threads; env FERRY_IO_THREADS. 0: as DefaultIoThreads
+  // chooses, so lanes move data in parallel where cores allow.
   int io_threads = 0;
   // Every io thread on one shared io_context, the engine's model before
   // 2026-12-01, kept to compare against; by default each io thread polls
@@ -91,14 +91,15 @@ struct EngineOptions {
   // before it sleeps, so a reply or payload arriving meanwhile costs it no
   // wake-up; env FERRY_IO_SPIN_US (0 to 10000; 0 sleeps at once). -1: as
   // EffectiveIoSpinUs chooses, 50 µs unless the io threads are half the
-  // cores or more.
+  // cores or more (or, below 4 cores, as many as the cores).
   int io_spin_us = -1;
   // Where the io threads run; env FERRY_IO_CPUS. "auto": each on a CPU of
   // its own where the process may use 8 CPUs or more, claimed host-wide so
   // that the engines of one host take different ones (none pinned when too
   // few are free); "off": where the scheduler puts them; a list such as
   // "0-7,12": thread i on the i-th CPU of it. On the H200 machine's 16
-  // cores "auto" moved tcp 8-18% more; on the 2-core VM it moved nothing.
+  // cores "auto" moved tcp 8-18% more; on the 2-core VM pinning moved
+  // nothing clear.
   std::string io_cpus = "auto";
   // shm and local copy threads; env FERRY_COPY_THREADS. 0: 2, or 4 on 16
   // cores or more, where a third and fourth thread lifted shm writes into
@@ -172,8 +173,14 @@ int EffectiveTcpLanes(int tcp_lanes);
 
 // The polling of an engine's io threads for `io_spin_us` (EngineOptions) on
 // `cores`: -1 is 50 µs, or 0 where `io_threads` are half the cores or more
-// on 4 cores or more; any other value is itself.
+// on 4 cores or more, or as many as the cores below 4; any other value is
+// itself.
 int EffectiveIoSpinUs(int io_spin_us, int io_threads, int cores);
+
+// The io threads an engine starts for io_threads 0 (EngineOptions), with
+// `lanes` tcp lanes a peer on `cores`: one per 2 cores, from 1 up to the
+// lanes; below 4 cores, one per core.
+int DefaultIoThreads(int cores, int lanes);
 
 class Engine {
  public:

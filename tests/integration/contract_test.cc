@@ -10,8 +10,10 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <thread>
 #include <vector>
 
@@ -102,20 +104,78 @@ TEST(EngineContract, CreateRefusesAMalformedEnvironmentVariable) {
 }
 
 // The default polls where the io threads leave most cores free, and sleeps
-// at once where they take half of them or more; a value set is kept.
+// at once where they take half of them or more (below 4 cores: all of
+// them); a value set is kept.
 TEST(EngineContract, IoPollingDefaultFollowsTheThreadsPerCore) {
   EXPECT_EQ(EffectiveIoSpinUs(-1, 4, 16), 50);
   EXPECT_EQ(EffectiveIoSpinUs(-1, 7, 16), 50);
   EXPECT_EQ(EffectiveIoSpinUs(-1, 8, 16), 0);
   EXPECT_EQ(EffectiveIoSpinUs(-1, 8, 128), 50);  // 8 lanes on a large host
   EXPECT_EQ(EffectiveIoSpinUs(-1, 64, 128), 0);
-  EXPECT_EQ(EffectiveIoSpinUs(-1, 1, 2), 50);  // the 2-core VM: one thread, and it gained
+  EXPECT_EQ(EffectiveIoSpinUs(-1, 2, 2), 0);   // the 2-core VM: a thread per core
+  EXPECT_EQ(EffectiveIoSpinUs(-1, 1, 2), 50);  // one thread, as set by hand, still polls
+  EXPECT_EQ(EffectiveIoSpinUs(-1, 2, 3), 50);
   EXPECT_EQ(EffectiveIoSpinUs(-1, 2, 4), 0);
   EXPECT_EQ(EffectiveIoSpinUs(0, 1, 2), 0);
   EXPECT_EQ(EffectiveIoSpinUs(200, 8, 16), 200);
   setenv("FERRY_IO_SPIN_US", "-1", 1);  // the default, spelled out
   EXPECT_EQ(CreateFails({}), StatusCode::kOk);
   unsetenv("FERRY_IO_SPIN_US");
+}
+
+// One io thread per 2 cores, up to the lanes; one per core below 4 cores.
+TEST(EngineContract, IoThreadsDefaultFollowsTheCores) {
+  EXPECT_EQ(DefaultIoThreads(1, 4), 1);
+  EXPECT_EQ(DefaultIoThreads(2, 4), 2);  // the 2-core VM
+  EXPECT_EQ(DefaultIoThreads(3, 4), 3);
+  EXPECT_EQ(DefaultIoThreads(2, 1), 1);  // never more than the lanes
+  EXPECT_EQ(DefaultIoThreads(4, 4), 2);
+  EXPECT_EQ(DefaultIoThreads(16, 8), 8);  // the H200 machine
+  EXPECT_EQ(DefaultIoThreads(16, 4), 4);
+  EXPECT_EQ(DefaultIoThreads(128, 8), 8);
+}
+
+// For each CPU, the running threads named ferry-io that may run on it
+// alone, once `want` such threads are found (or about 2 s have passed: the
+// threads name themselves once running).
+std::map<int, int> IoThreadsPinned(int want) {
+  std::map<int, int> pinned;
+  for (int tries = 0; tries < 400; ++tries) {
+    if (tries > 0) std::this_thread::sleep_for(milliseconds(5));
+    pinned.clear();
+    int n = 0;
+    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+      std::ifstream comm(task.path() / "comm");
+      std::string name;
+      std::getline(comm, name);
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      if (name != "ferry-io" ||
+          sched_getaffinity(std::stoi(task.path().filename()), sizeof(set), &set) != 0 ||
+          CPU_COUNT(&set) != 1) {
+        continue;
+      }
+      for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+        if (CPU_ISSET(cpu, &set)) ++pinned[cpu];
+      }
+      ++n;
+    }
+    if (n >= want) break;
+  }
+  return pinned;
+}
+
+// A 1 MiB write from `from` into memory of `to`, checked byte for byte.
+void WriteMovesBytes(Engine& from, Engine& to) {
+  auto mem = to.AllocateMemory(1 << 20);
+  ASSERT_TRUE(mem.ok());
+  auto seg = from.OpenSegment(to.name());
+  ASSERT_TRUE(seg.ok()) << seg.status().ToString();
+  std::vector<char> src(1 << 20, 5);
+  ASSERT_TRUE(from.Transfer({Op::kWrite, src.data(), seg.value(),
+                             reinterpret_cast<uint64_t>(mem.value()), src.size()})
+                  .ok());
+  EXPECT_EQ(std::memcmp(mem.value(), src.data(), src.size()), 0);
 }
 
 // io_cpus as a list: each io thread runs only on its CPU of it, and bytes
@@ -130,35 +190,9 @@ TEST(EngineContract, IoThreadsRunOnTheCpusListed) {
   o.io_cpus = std::to_string(cpu);
   auto e = Engine::Create(o);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
-  // The threads name themselves once running.
-  int pinned = 0;
-  for (int tries = 0; tries < 400 && pinned < 2; ++tries) {
-    if (tries > 0) std::this_thread::sleep_for(milliseconds(5));
-    pinned = 0;
-    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
-      std::ifstream comm(task.path() / "comm");
-      std::string name;
-      std::getline(comm, name);
-      cpu_set_t set;
-      CPU_ZERO(&set);
-      if (name != "ferry-io" ||
-          sched_getaffinity(std::stoi(task.path().filename()), sizeof(set), &set) != 0) {
-        continue;
-      }
-      if (CPU_COUNT(&set) == 1 && CPU_ISSET(cpu, &set)) ++pinned;
-    }
-  }
-  EXPECT_EQ(pinned, 2) << "io threads on CPU " << cpu << " alone";
-  auto mem = e.value()->AllocateMemory(1 << 20);
-  ASSERT_TRUE(mem.ok());
-  auto seg = e.value()->OpenSegment(e.value()->name());
-  ASSERT_TRUE(seg.ok());
-  std::vector<char> src(1 << 20, 5);
-  ASSERT_TRUE(e.value()
-                  ->Transfer({Op::kWrite, src.data(), seg.value(),
-                              reinterpret_cast<uint64_t>(mem.value()), src.size()})
-                  .ok());
-  EXPECT_EQ(std::memcmp(mem.value(), src.data(), src.size()), 0);
+  EXPECT_EQ(IoThreadsPinned(2), (std::map<int, int>{{cpu, 2}}))
+      << "io threads on CPU " << cpu << " alone";
+  WriteMovesBytes(*e.value(), *e.value());
 }
 
 // Each io thread polling its own sockets (the default) and all of them on

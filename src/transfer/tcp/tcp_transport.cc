@@ -165,14 +165,6 @@ int OnePerFourCores(int lo, int hi) {
   return std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 4, lo, hi);
 }
 
-// A lane's socket keeps one io thread busy at large chunks (86% on the H200
-// machine), so lanes get a thread each where half the cores allow: 8 lanes
-// on 16 cores moved 23.0 GB/s with 8 threads and 14.1 with 4
-// (docs/performance.md).
-int OnePerTwoCores(int lo, int hi) {
-  return std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, lo, hi);
-}
-
 // The lanes per peer, and of those the ones that carry chunks touching GPU
 // memory. (An engine resolves tcp_lanes before it makes its transports; a
 // transport made on bare options, as tests do, resolves it here.)
@@ -191,7 +183,8 @@ class TcpTransport : public Transport {
     caps_.gpu_memory = ctx.copier != nullptr;  // local GPU memory, through staging
     caps_.reach = Reach::kNetwork;
     caps_.target_stages_gpu = true;  // the target side stages its GPU memory
-    caps_.io_threads = OnePerTwoCores(1, Lanes(o));
+    caps_.io_threads =
+        DefaultIoThreads(static_cast<int>(std::thread::hardware_concurrency()), Lanes(o));
     if (ctx.copier != nullptr) {
       const int landing =
           o.landing_threads < 0 ? OnePerFourCores(2, std::max(2, GpuLanes(o))) : o.landing_threads;
@@ -245,10 +238,11 @@ class TcpTransport : public Transport {
     cfg.key = ctx_.key;
     const bool shared = ChunkQueue::Shared(ctx_.io.threads());
     // Narrow windows only where a shared queue balances the lanes. On the
-    // 2-core VM, whose lanes share one io thread and no queue, 5 rounds:
-    // 2 in flight against 4 tied at 1 MiB writes and lost reads (0.72
-    // against 0.80 of raw streams, 4 of 5 rounds); 64 KiB chunks filling
-    // 256 KiB against 1 MiB lost every round (writes 0.71 against 1.09).
+    // 2-core VM with one io thread, its lanes sharing no queue, 5 rounds: 2
+    // in flight against 4 tied at 1 MiB writes and lost reads (0.72 against
+    // 0.80 of raw streams, 4 of 5 rounds); 64 KiB chunks filling 256 KiB
+    // against 1 MiB lost every round (writes 0.71 against 1.09). With an
+    // io thread per core and a shared queue, the wide windows lost there.
     // FERRY_TCP_WINDOW_KIB sets the small chunks' bytes.
     cfg.max_in_flight = Lane::ChunksInFlight(ctx_.options.tcp_chunks_in_flight, shared);
     static const int64_t window_kib = env::GetIntIn("FERRY_TCP_WINDOW_KIB", 64, 16384, -1);
@@ -271,9 +265,8 @@ class TcpTransport : public Transport {
     if (ctx_.copier != nullptr) {
       // As many as the lanes' windows of requests to GPU memory at the target:
       // each such request holds one from its copy until its reply.
-      auto pool = StagingPool::Create(
-          static_cast<size_t>(gpu_lanes * cfg.gpu_window),
-          ctx_.options.tcp_chunk_bytes);
+      auto pool = StagingPool::Create(static_cast<size_t>(gpu_lanes * cfg.gpu_window),
+                                      ctx_.options.tcp_chunk_bytes);
       if (pool.ok()) {
         staging = std::move(pool).value();
       } else {
