@@ -58,7 +58,8 @@ struct EngineOptions {
   // FERRY_TRANSPORT applies when this is empty.
   std::string transport;
   // Connections per peer; env FERRY_TCP_LANES. 0: 8 on 16 cores or more,
-  // else 4 (EffectiveTcpLanes; docs/performance.md has the measurements).
+  // 2 below 4 cores, else 4 (EffectiveTcpLanes; docs/performance.md has the
+  // measurements).
   int tcp_lanes = 0;
   // Of those, how many carry requests that touch GPU memory, at either end;
   // env FERRY_TCP_GPU_LANES. Fewer than tcp_lanes: such requests get lanes of
@@ -167,8 +168,10 @@ class Batch {
   std::shared_ptr<BatchState> state_;
 };
 
-// The lanes an engine opens per peer for `tcp_lanes` (EngineOptions): 0 is 8
-// on 16 cores or more, else 4; any other value is itself.
+// The lanes an engine opens per peer for `tcp_lanes` (EngineOptions) on
+// `cores` (this machine's, where not given): 0 is 8 on 16 cores or more, 2
+// below 4 cores, else 4; any other value is itself.
+int EffectiveTcpLanes(int tcp_lanes, int cores);
 int EffectiveTcpLanes(int tcp_lanes);
 
 // The polling of an engine's io threads for `io_spin_us` (EngineOptions) on

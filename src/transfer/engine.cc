@@ -309,11 +309,16 @@ class Engine::Impl {
 };
 
 // On 16 cores, 8 lanes moved 38% more than 4 for 1 MiB reads and 60-70% more
-// through the store, 7% more for 1 MiB writes (H200 machine, 2026-12-03); on
-// the 2-core VM more lanes only share the one io thread.
-int EffectiveTcpLanes(int tcp_lanes) {
+// through the store, 7% more for 1 MiB writes (H200 machine, 2026-12-03). On
+// the 2-core VM, with an io thread per core, 2 lanes (one a thread) moved more
+// than 4 in all 6 cases, by 5-50% (2026-12-04, docs/performance.md).
+int EffectiveTcpLanes(int tcp_lanes, int cores) {
   if (tcp_lanes != 0) return tcp_lanes;
-  return std::thread::hardware_concurrency() >= 16 ? 8 : 4;
+  return cores >= 16 ? 8 : cores >= 4 ? 4 : 2;
+}
+
+int EffectiveTcpLanes(int tcp_lanes) {
+  return EffectiveTcpLanes(tcp_lanes, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
 // Polling paid where io threads are few next to the cores: on the H200

@@ -85,7 +85,7 @@ TEST(EngineContract, CreateRefusesAMalformedEnvironmentVariable) {
   }
   setenv("FERRY_TCP_LANES", "2", 1);  // a well-formed value still applies
   EXPECT_EQ(CreateFails({}), StatusCode::kOk);
-  setenv("FERRY_TCP_LANES", "0", 1);  // the default: 8 or 4 by the cores
+  setenv("FERRY_TCP_LANES", "0", 1);  // the default: 8, 4 or 2 by the cores
   EXPECT_EQ(CreateFails({}), StatusCode::kOk);
   setenv("FERRY_TCP_LANES", "-1", 1);
   EXPECT_EQ(CreateFails({}), StatusCode::kInvalidArgument);
@@ -123,8 +123,19 @@ TEST(EngineContract, IoPollingDefaultFollowsTheThreadsPerCore) {
   unsetenv("FERRY_IO_SPIN_US");
 }
 
-// One io thread per 2 cores, up to the lanes; one per core below 4 cores.
-TEST(EngineContract, IoThreadsDefaultFollowsTheCores) {
+// 8 lanes from 16 cores, 4 from 4, 2 below; one io thread per 2 cores, up
+// to the lanes, and one per core below 4 cores: a lane per io thread there.
+TEST(EngineContract, LanesAndIoThreadsDefaultFollowTheCores) {
+  EXPECT_EQ(EffectiveTcpLanes(0, 2), 2);  // the 2-core VM
+  EXPECT_EQ(EffectiveTcpLanes(0, 3), 2);
+  EXPECT_EQ(EffectiveTcpLanes(0, 4), 4);
+  EXPECT_EQ(EffectiveTcpLanes(0, 15), 4);
+  EXPECT_EQ(EffectiveTcpLanes(0, 16), 8);  // the H200 machine
+  EXPECT_EQ(EffectiveTcpLanes(3, 2), 3);   // a value set is kept
+  EXPECT_EQ(EffectiveTcpLanes(0),
+            EffectiveTcpLanes(0, static_cast<int>(std::thread::hardware_concurrency())));
+  EXPECT_EQ(DefaultIoThreads(2, EffectiveTcpLanes(0, 2)), 2);
+  EXPECT_EQ(DefaultIoThreads(3, EffectiveTcpLanes(0, 3)), 2);
   EXPECT_EQ(DefaultIoThreads(1, 4), 1);
   EXPECT_EQ(DefaultIoThreads(2, 4), 2);  // the 2-core VM
   EXPECT_EQ(DefaultIoThreads(3, 4), 3);
