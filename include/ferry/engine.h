@@ -92,7 +92,7 @@ struct EngineOptions {
   // before it sleeps, so a reply or payload arriving meanwhile costs it no
   // wake-up; env FERRY_IO_SPIN_US (0 to 10000; 0 sleeps at once). -1: as
   // EffectiveIoSpinUs chooses, 50 µs unless the io threads are half the
-  // cores or more (or, below 4 cores, as many as the cores).
+  // cores or more (below 4 cores: more than half).
   int io_spin_us = -1;
   // Where the io threads run; env FERRY_IO_CPUS. "auto": each on a CPU of
   // its own where the process may use 8 CPUs or more, claimed host-wide so
@@ -176,8 +176,7 @@ int EffectiveTcpLanes(int tcp_lanes);
 
 // The polling of an engine's io threads for `io_spin_us` (EngineOptions) on
 // `cores`: -1 is 50 µs, or 0 where `io_threads` are half the cores or more
-// on 4 cores or more, or as many as the cores below 4; any other value is
-// itself.
+// on 4 cores or more, or more than half below 4; any other value is itself.
 int EffectiveIoSpinUs(int io_spin_us, int io_threads, int cores);
 
 // The io threads an engine starts for io_threads 0 (EngineOptions), with

@@ -326,12 +326,13 @@ int EffectiveTcpLanes(int tcp_lanes) {
 // on the 2-core VM (one) by 5-15%; with 8 io threads, the default there, it
 // cost 1 MiB writes and reads 15-17% and 64 KiB writes 13%: each side's
 // threads polled while the other side's needed the cores.
-// Below 4 cores an io thread per core (DefaultIoThreads) leaves no core to
-// poll on: on the 2-core VM two io threads a process that polled 50 µs lost
-// a quarter to a third of every case against sleeping at once.
+// Below 4 cores an io thread per core (DefaultIoThreads) leaves two
+// processes' threads more than the cores: on the 2-core VM two io threads a
+// process that polled 50 µs lost a quarter to a third of every case against
+// sleeping at once. One thread a process there polls, as it gained.
 int EffectiveIoSpinUs(int io_spin_us, int io_threads, int cores) {
   if (io_spin_us != -1) return io_spin_us;
-  const bool crowded = cores >= 4 ? 2 * io_threads >= cores : io_threads >= cores;
+  const bool crowded = cores >= 4 ? 2 * io_threads >= cores : 2 * io_threads > cores;
   return crowded ? 0 : 50;
 }
 

@@ -104,8 +104,8 @@ TEST(EngineContract, CreateRefusesAMalformedEnvironmentVariable) {
 }
 
 // The default polls where the io threads leave most cores free, and sleeps
-// at once where they take half of them or more (below 4 cores: all of
-// them); a value set is kept.
+// at once where they take half of them or more (below 4 cores: more than
+// half); a value set is kept.
 TEST(EngineContract, IoPollingDefaultFollowsTheThreadsPerCore) {
   EXPECT_EQ(EffectiveIoSpinUs(-1, 4, 16), 50);
   EXPECT_EQ(EffectiveIoSpinUs(-1, 7, 16), 50);
@@ -114,7 +114,8 @@ TEST(EngineContract, IoPollingDefaultFollowsTheThreadsPerCore) {
   EXPECT_EQ(EffectiveIoSpinUs(-1, 64, 128), 0);
   EXPECT_EQ(EffectiveIoSpinUs(-1, 2, 2), 0);   // the 2-core VM: a thread per core
   EXPECT_EQ(EffectiveIoSpinUs(-1, 1, 2), 50);  // one thread, as set by hand, still polls
-  EXPECT_EQ(EffectiveIoSpinUs(-1, 2, 3), 50);
+  EXPECT_EQ(EffectiveIoSpinUs(-1, 2, 3), 0);
+  EXPECT_EQ(EffectiveIoSpinUs(-1, 1, 3), 50);
   EXPECT_EQ(EffectiveIoSpinUs(-1, 2, 4), 0);
   EXPECT_EQ(EffectiveIoSpinUs(0, 1, 2), 0);
   EXPECT_EQ(EffectiveIoSpinUs(200, 8, 16), 200);
