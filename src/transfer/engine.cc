@@ -343,8 +343,8 @@ int EffectiveIoSpinUs(int io_spin_us, int io_threads, int cores) {
 // streams send from both; a thread per core, sleeping at once when idle
 // (EffectiveIoSpinUs), moved a fifth more at 1 MiB (docs/performance.md).
 int DefaultIoThreads(int cores, int lanes) {
-  if (cores < 4) return std::clamp(cores, 1, std::max(1, lanes));
-  return std::clamp(cores / 2, 1, std::max(1, lanes));
+  const int wanted = cores < 4 ? cores : cores / 2;
+  return std::clamp(wanted, 1, std::max(1, lanes));
 }
 
 Result<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
