@@ -168,8 +168,15 @@ class Batch {
   std::shared_ptr<BatchState> state_;
 };
 
+// Where these defaults say cores, an engine counts the CPUs its process may
+// run on at once (its CPU affinity: taskset, a container's cpuset); for
+// polling, the CPU time it may spend: fewer CPUs where a cgroup CPU quota
+// (docker --cpus, a Kubernetes CPU limit) allows less. A container given 2
+// CPUs of a 64-core host gets the defaults of 2 cores, or with a quota of 2,
+// the threads of 64 cores that do not poll.
+
 // The lanes an engine opens per peer for `tcp_lanes` (EngineOptions) on
-// `cores` (this machine's, where not given): 0 is 8 on 16 cores or more, 2
+// `cores` (this process's, where not given): 0 is 8 on 16 cores or more, 2
 // below 4 cores, else 4; any other value is itself.
 int EffectiveTcpLanes(int tcp_lanes, int cores);
 int EffectiveTcpLanes(int tcp_lanes);
@@ -205,6 +212,10 @@ class Engine {
   uint64_t epoch() const;
   // The counters so far. Never blocks.
   EngineStats Stats() const;
+  // The options in force: the FERRY_* environment applied, and the defaults
+  // tcp_lanes, io_threads, io_spin_us and copy_threads resolved to what this
+  // engine chose for the CPUs it may use.
+  const EngineOptions& options() const;
 
   // Exposes [addr, addr+length) to peers. AlreadyExists if it overlaps a
   // registered range, InvalidArgument for null or zero length. The memory stays

@@ -23,6 +23,7 @@
 #include "cli/cli.h"
 #include "cli/transfer_reference.h"
 #include "common/clock.h"
+#include "common/cpu_quota.h"
 #include "common/env.h"
 #include "common/subprocess.h"
 #include "common/thread_name.h"
@@ -335,6 +336,15 @@ int RunInitiator(const BenchArgs& a) {
   } else {
     std::printf("(latency is per batch; reference is %s)\n", ref_name.c_str());
   }
+  const int parallel = cpus::Parallel();
+  const int budget = cpus::Budget();
+  const int online = static_cast<int>(std::thread::hardware_concurrency());
+  if (parallel != online || budget != parallel) {
+    std::printf(
+        "(defaults sized for the CPUs this process may use: %d to run on, %d of CPU "
+        "time, %d online)\n",
+        parallel, budget, online);
+  }
   if (ref_each > 0) {
     std::printf("each copy synchronized alone: %.3f GB/s, ratio %.3f\n", ref_each, gbps / ref_each);
   }
@@ -374,7 +384,12 @@ int RunInitiator(const BenchArgs& a) {
                         {"reference_spread", a.ref_spread},
                         {"memory", a.memory},
                         {"reference_gbps", ref},
-                        {"ratio", ratio}};
+                        {"ratio", ratio},
+                        {"io_threads", e.options().io_threads},
+                        {"io_spin_us", e.options().io_spin_us},
+                        {"cpus", parallel},
+                        {"cpu_budget", budget},
+                        {"cpus_online", online}};
     if (cross_before > 0) j["cross_cpu_gbps"] = {cross_before, cross_after};
     if (ref_each > 0) {
       j["reference_each_gbps"] = ref_each;

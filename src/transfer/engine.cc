@@ -14,11 +14,11 @@
 #include <asio.hpp>
 #include <optional>
 #include <random>
-#include <thread>
 
 #include "common/auth.h"
 #include "common/cache.h"
 #include "common/cpu_claim.h"
+#include "common/cpu_quota.h"
 #include "common/env.h"
 #include "common/host.h"
 #include "common/log.h"
@@ -100,17 +100,17 @@ class Engine::Impl {
       }
     }
     FERRY_ASSIGN_OR_RETURN(memory_, LocalMemory::Create(has_gpu, options_.populate_registered));
-    const int copy = options_.copy_threads > 0                   ? options_.copy_threads
-                     : std::thread::hardware_concurrency() >= 16 ? 4
-                                                                 : 2;
+    const int copy = options_.copy_threads > 0 ? options_.copy_threads
+                     : cpus::Parallel() >= 16  ? 4
+                                               : 2;
+    options_.copy_threads = copy;
     copy_pool_ = std::make_unique<ThreadPool>(copy, "ferry-copy");
     ctx_ = std::make_unique<EngineContext>(
         EngineContext{options_, io_, *copy_pool_, memory_->registry(), copier_.get(), key_});
     FERRY_ASSIGN_OR_RETURN(transports_, TransportSet::Create(*ctx_, options_.transport));
-    const int io_threads =
-        options_.io_threads <= 0 ? transports_->io_threads() : options_.io_threads;
-    options_.io_spin_us = EffectiveIoSpinUs(options_.io_spin_us, io_threads,
-                                            static_cast<int>(std::thread::hardware_concurrency()));
+    if (options_.io_threads <= 0) options_.io_threads = transports_->io_threads();
+    const int io_threads = options_.io_threads;
+    options_.io_spin_us = EffectiveIoSpinUs(options_.io_spin_us, io_threads, cpus::Budget());
     io_.Create(io_threads, options_.io_shared, std::chrono::microseconds(options_.io_spin_us));
     memory_->set_describer([this](const Region& r, const gpu::MemoryInfo& info) {
       return transports_->DescribeMemory(r, info);
@@ -175,6 +175,7 @@ class Engine::Impl {
   const std::string& name() const { return name_; }
   uint64_t epoch() const { return epoch_; }
   EngineStats Stats() const { return {listener_->auth_failures()}; }
+  const EngineOptions& options() const { return options_; }
   Millis request_timeout() const { return options_.request_timeout; }
   LocalMemory& memory() { return *memory_; }
   PeerTable& peers() { return *peers_; }
@@ -317,9 +318,7 @@ int EffectiveTcpLanes(int tcp_lanes, int cores) {
   return cores >= 16 ? 8 : cores >= 4 ? 4 : 2;
 }
 
-int EffectiveTcpLanes(int tcp_lanes) {
-  return EffectiveTcpLanes(tcp_lanes, static_cast<int>(std::thread::hardware_concurrency()));
-}
+int EffectiveTcpLanes(int tcp_lanes) { return EffectiveTcpLanes(tcp_lanes, cpus::Parallel()); }
 
 // Polling paid where io threads are few next to the cores: on the H200
 // machine (16 cores) 50 µs lifted 1 MiB writes by 10% with 4 io threads, and
@@ -359,6 +358,7 @@ Engine::~Engine() = default;
 const std::string& Engine::name() const { return impl_->name(); }
 uint64_t Engine::epoch() const { return impl_->epoch(); }
 EngineStats Engine::Stats() const { return impl_->Stats(); }
+const EngineOptions& Engine::options() const { return impl_->options(); }
 Status Engine::RegisterMemory(void* addr, size_t length) {
   return impl_->Published(impl_->memory().Register(addr, length));
 }

@@ -18,10 +18,12 @@
 #include "common/bytes.h"
 #include "common/clock.h"
 #include "common/cpu_claim.h"
+#include "common/cpu_quota.h"
 #include "ferry/engine.h"
 #include "gpu/gpu.h"
 #include "integration/peer.h"
 #include "integration/silent_target.h"
+#include "integration/thread_in_quota.h"
 #include "transfer/frame_wire.h"
 #include "transfer/tcp/lane.h"
 
@@ -131,8 +133,7 @@ TEST(EngineContract, LanesAndIoThreadsDefaultFollowTheCores) {
   EXPECT_EQ(EffectiveTcpLanes(0, 15), 4);
   EXPECT_EQ(EffectiveTcpLanes(0, 16), 8);  // the H200 machine
   EXPECT_EQ(EffectiveTcpLanes(3, 2), 3);   // a value set is kept
-  EXPECT_EQ(EffectiveTcpLanes(0),
-            EffectiveTcpLanes(0, static_cast<int>(std::thread::hardware_concurrency())));
+  EXPECT_EQ(EffectiveTcpLanes(0), EffectiveTcpLanes(0, cpus::Parallel()));
   EXPECT_EQ(DefaultIoThreads(2, EffectiveTcpLanes(0, 2)), 2);
   EXPECT_EQ(DefaultIoThreads(3, EffectiveTcpLanes(0, 3)), 2);
   EXPECT_EQ(DefaultIoThreads(1, 4), 1);
@@ -143,6 +144,95 @@ TEST(EngineContract, LanesAndIoThreadsDefaultFollowTheCores) {
   EXPECT_EQ(DefaultIoThreads(16, 8), 8);  // the H200 machine
   EXPECT_EQ(DefaultIoThreads(16, 4), 4);
   EXPECT_EQ(DefaultIoThreads(128, 8), 8);
+}
+
+// The CPUs each of this process's io threads may run on, once `n` of them
+// run (they name themselves then), or after 2 s with fewer.
+std::vector<cpu_set_t> IoThreadsOnceRunning(size_t n) {
+  std::vector<cpu_set_t> sets;
+  for (int tries = 0; tries < 400 && sets.size() < n; ++tries) {
+    if (tries > 0) std::this_thread::sleep_for(milliseconds(5));
+    sets.clear();
+    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+      std::ifstream comm(task.path() / "comm");
+      std::string name;
+      std::getline(comm, name);
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      if (name == "ferry-io" &&
+          sched_getaffinity(std::stoi(task.path().filename()), sizeof(set), &set) == 0) {
+        sets.push_back(set);
+      }
+    }
+  }
+  return sets;
+}
+
+// The defaults count the CPUs this process may use, not the host's: an
+// engine made where the affinity allows one CPU starts the io threads of
+// one core (taskset -c 0, or a container's cpuset, does the same).
+TEST(EngineContract, DefaultsCountTheCpusTheProcessMayUse) {
+  const std::vector<int> allowed = cpus::Allowed();
+  ASSERT_FALSE(allowed.empty());
+  ASSERT_EQ(cpus::Parallel(), static_cast<int>(allowed.size()));
+  {
+    EngineOptions o;
+    o.transport = "tcp";
+    auto e = Engine::Create(o);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    const int want = DefaultIoThreads(cpus::Parallel(), EffectiveTcpLanes(0));
+    EXPECT_EQ(e.value()->options().io_threads, want);
+    EXPECT_EQ(IoThreadsOnceRunning(want).size(), static_cast<size_t>(want));
+  }
+  struct Restore {
+    cpu_set_t all;
+    ~Restore() { sched_setaffinity(0, sizeof(all), &all); }
+  } restore;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(restore.all), &restore.all), 0);
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(allowed.front(), &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);  // this thread, and those it starts
+  EXPECT_EQ(cpus::Parallel(), 1);
+  EngineOptions o;
+  o.transport = "tcp";
+  auto e = Engine::Create(o);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ(e.value()->options().tcp_lanes, 2);
+  EXPECT_EQ(e.value()->options().io_threads, 1);
+  EXPECT_EQ(e.value()->options().io_spin_us, 0);
+  ASSERT_EQ(IoThreadsOnceRunning(1).size(), 1u);
+  std::this_thread::sleep_for(milliseconds(100));  // time for a second to show
+  EXPECT_EQ(IoThreadsOnceRunning(1).size(), 1u);
+}
+
+// A CPU quota (docker --cpus, a Kubernetes limit) leaves threads free to
+// run on every CPU the affinity allows, so lanes and io threads stay as
+// they were; it stops polling, which spends the CPU time a quota limits.
+TEST(EngineContract, ACpuQuotaStopsPollingButNotThreads) {
+  const int parallel = cpus::Parallel();
+  EngineOptions one;
+  one.transport = "tcp";
+  one.io_threads = 1;  // one io thread polls where the CPUs are to spare
+  {
+    auto e = Engine::Create(one);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    EXPECT_EQ(e.value()->options().io_spin_us, parallel >= 2 ? 50 : 0);
+  }
+  ThreadInQuota quota("50000");  // half a CPU a 100 ms period
+  if (!quota.joined()) GTEST_SKIP() << "needs a writable cgroup v1 cpu controller: " << quota.why();
+  EXPECT_EQ(cpus::Budget(), 1);
+  EXPECT_EQ(cpus::Parallel(), parallel);
+  auto e = Engine::Create(one);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ(e.value()->options().io_spin_us, 0);
+  EngineOptions defaults;
+  defaults.transport = "tcp";
+  auto d = Engine::Create(defaults);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d.value()->options().tcp_lanes, EffectiveTcpLanes(0, parallel));
+  EXPECT_EQ(d.value()->options().io_threads,
+            DefaultIoThreads(parallel, EffectiveTcpLanes(0, parallel)));
 }
 
 // io_cpus as a list: each io thread runs only on its CPU of it, and bytes
@@ -157,23 +247,9 @@ TEST(EngineContract, IoThreadsRunOnTheCpusListed) {
   o.io_cpus = std::to_string(cpu);
   auto e = Engine::Create(o);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
-  // The threads name themselves once running.
   int pinned = 0;
-  for (int tries = 0; tries < 400 && pinned < 2; ++tries) {
-    if (tries > 0) std::this_thread::sleep_for(milliseconds(5));
-    pinned = 0;
-    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
-      std::ifstream comm(task.path() / "comm");
-      std::string name;
-      std::getline(comm, name);
-      cpu_set_t set;
-      CPU_ZERO(&set);
-      if (name != "ferry-io" ||
-          sched_getaffinity(std::stoi(task.path().filename()), sizeof(set), &set) != 0) {
-        continue;
-      }
-      if (CPU_COUNT(&set) == 1 && CPU_ISSET(cpu, &set)) ++pinned;
-    }
+  for (const cpu_set_t& set : IoThreadsOnceRunning(2)) {
+    if (CPU_COUNT(&set) == 1 && CPU_ISSET(cpu, &set)) ++pinned;
   }
   EXPECT_EQ(pinned, 2) << "io threads on CPU " << cpu << " alone";
   auto mem = e.value()->AllocateMemory(1 << 20);

@@ -1,4 +1,5 @@
-// Host-wide CPU claims for io threads, and the CPU lists they are given.
+// Host-wide CPU claims for io threads, the CPU lists they are given, and the
+// count of CPUs the defaults follow.
 #include "common/cpu_claim.h"
 
 #include <gtest/gtest.h>
@@ -6,10 +7,13 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "common/cpu_quota.h"
 
 namespace ferry::cpus {
 namespace {
@@ -92,6 +96,93 @@ TEST(CpuPin, PinsTheCallingThreadToAnAllowedCpu) {
   }).join();
   EXPECT_EQ(Allowed(), allowed) << "the caller's own CPUs are unchanged";
   EXPECT_EQ(PinThread(pthread_self(), -1).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(CpuQuota, ReadsV2AndV1Quotas) {
+  EXPECT_EQ(ParseCpuMax("200000 100000\n"), 2.0);
+  EXPECT_EQ(ParseCpuMax("150000 100000"), 1.5);
+  EXPECT_EQ(ParseCpuMax("max 100000\n"), std::nullopt);
+  EXPECT_EQ(ParseCfsQuota("50000\n", "100000\n"), 0.5);
+  EXPECT_EQ(ParseCfsQuota("-1\n", "100000\n"), std::nullopt);
+  for (const char* bad : {"", "max", "100000", "abc 100000", "100000 0", "0 100000", "-5 100000",
+                          "1e5 100000", "100000 100000 7"}) {
+    EXPECT_EQ(ParseCpuMax(bad), std::nullopt) << "'" << bad << "'";
+  }
+  EXPECT_EQ(ParseCfsQuota("", "100000"), std::nullopt);
+  EXPECT_EQ(ParseCfsQuota("100000", "x"), std::nullopt);
+}
+
+class CgroupTree : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = ::testing::TempDir() + "ferry-cgroup-test-" + std::to_string(getpid());
+    std::filesystem::remove_all(root_);
+  }
+  void TearDown() override { std::filesystem::remove_all(root_); }
+  void Put(const std::string& rel, const std::string& text) {
+    const std::filesystem::path p = root_ + "/" + rel;
+    std::filesystem::create_directories(p.parent_path());
+    std::ofstream(p) << text;
+  }
+  std::string root_;
+};
+
+// The tightest limit from the process's cgroup up to the top counts; a
+// limit outside the path does not.
+TEST_F(CgroupTree, V2TakesTheTightestLimitOnThePath) {
+  Put("cpu.max", "max 100000\n");
+  Put("kubepods/cpu.max", "800000 100000\n");
+  Put("kubepods/pod1/cpu.max", "250000 100000\n");
+  Put("kubepods/pod1/app/cpu.max", "max 100000\n");
+  Put("kubepods/pod2/cpu.max", "100000 100000\n");
+  EXPECT_EQ(CgroupQuota("0::/kubepods/pod1/app\n", root_), 2.5);
+  EXPECT_EQ(CgroupQuota("0::/kubepods\n", root_), 8.0);
+  EXPECT_EQ(CgroupQuota("0::/\n", root_), std::nullopt);
+  EXPECT_EQ(CgroupQuota("", root_), std::nullopt);
+}
+
+// Inside a container the path can name a cgroup the container's mount does
+// not show; its top, which is the container's own, still counts.
+TEST_F(CgroupTree, APathTheMountDoesNotShowFallsBackToItsTop) {
+  Put("cpu.max", "300000 100000\n");
+  EXPECT_EQ(CgroupQuota("0::/docker/abc123\n", root_), 3.0);
+}
+
+TEST_F(CgroupTree, V1ReadsTheCpuControllerOnly) {
+  Put("cpu,cpuacct/docker/c1/cpu.cfs_quota_us", "150000\n");
+  Put("cpu,cpuacct/docker/c1/cpu.cfs_period_us", "100000\n");
+  Put("cpu,cpuacct/cpu.cfs_quota_us", "-1\n");
+  Put("cpu,cpuacct/cpu.cfs_period_us", "100000\n");
+  Put("memory/docker/c1/cpu.cfs_quota_us", "10000\n");  // not the cpu controller
+  Put("memory/docker/c1/cpu.cfs_period_us", "100000\n");
+  const char* self =
+      "12:memory:/docker/c1\n"
+      "4:cpu,cpuacct:/docker/c1\n"
+      "1:name=systemd:/docker/c1\n"
+      "0::/docker/c1\n";
+  EXPECT_EQ(CgroupQuota(self, root_), 1.5);
+  EXPECT_EQ(CgroupQuota("4:cpuacct:/docker/c1\n", root_), std::nullopt);
+  EXPECT_EQ(CgroupQuota("not a cgroup line\n4:cpu\n::\n", root_), std::nullopt);
+}
+
+// Threads may run on as many CPUs as the affinity allows; a quota lowers
+// only the CPU time, rounded up to whole CPUs.
+TEST(CpuQuota, ParallelFollowsTheAffinityAndBudgetTheQuota) {
+  const std::vector<int> allowed = Allowed();
+  ASSERT_FALSE(allowed.empty());
+  EXPECT_EQ(Parallel(), static_cast<int>(allowed.size()));
+  EXPECT_GE(Budget(), 1);
+  EXPECT_LE(Budget(), Parallel());
+  std::thread([&] {
+    ASSERT_TRUE(PinThread(pthread_self(), allowed.back()).ok());
+    EXPECT_EQ(Parallel(), 1);
+    EXPECT_EQ(Budget(), 1);
+  }).join();
+  EXPECT_EQ(BudgetOf(64, 2.0), 2);
+  EXPECT_EQ(BudgetOf(64, 1.5), 2);
+  EXPECT_EQ(BudgetOf(64, 0.5), 1);
+  EXPECT_EQ(BudgetOf(2, 8.0), 2);
+  EXPECT_EQ(BudgetOf(4, std::nullopt), 4);
 }
 
 }  // namespace

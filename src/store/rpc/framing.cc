@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "common/bytes.h"
+#include "common/cpu_quota.h"
 #include "common/env.h"
 #include "common/fd_passing.h"
 
@@ -186,8 +187,7 @@ Result<Frame> Receive(const Format& f, int sock, Deadline first_byte, Millis res
 }
 
 std::chrono::microseconds ReplySpin(const char* env) {
-  return std::chrono::microseconds(
-      env::GetIntIn(env, 0, 10000, std::thread::hardware_concurrency() >= 8 ? 2000 : 0));
+  return std::chrono::microseconds(env::GetIntIn(env, 0, 10000, cpus::Budget() >= 8 ? 2000 : 0));
 }
 
 }  // namespace ferry::store::framing

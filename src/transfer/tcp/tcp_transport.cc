@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <atomic>
 #include <functional>
-#include <thread>
 
+#include "common/cpu_quota.h"
 #include "common/env.h"
 #include "common/event_trace.h"
 #include "common/log.h"
@@ -161,9 +161,7 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
 };
 
 // Thread counts that grow with the machine.
-int OnePerFourCores(int lo, int hi) {
-  return std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 4, lo, hi);
-}
+int OnePerFourCores(int lo, int hi) { return std::clamp(cpus::Parallel() / 4, lo, hi); }
 
 // The lanes per peer, and of those the ones that carry chunks touching GPU
 // memory. (An engine resolves tcp_lanes before it makes its transports; a
@@ -183,8 +181,7 @@ class TcpTransport : public Transport {
     caps_.gpu_memory = ctx.copier != nullptr;  // local GPU memory, through staging
     caps_.reach = Reach::kNetwork;
     caps_.target_stages_gpu = true;  // the target side stages its GPU memory
-    caps_.io_threads =
-        DefaultIoThreads(static_cast<int>(std::thread::hardware_concurrency()), Lanes(o));
+    caps_.io_threads = DefaultIoThreads(cpus::Parallel(), Lanes(o));
     if (ctx.copier != nullptr) {
       const int landing =
           o.landing_threads < 0 ? OnePerFourCores(2, std::max(2, GpuLanes(o))) : o.landing_threads;
