@@ -126,7 +126,11 @@ int BudgetOf(int parallel, std::optional<double> quota) {
 
 int Budget() {
   std::optional<double> quota;
-  if (auto text = ReadSmall("/proc/self/cgroup")) quota = CgroupQuota(*text, "/sys/fs/cgroup");
+  // The calling thread's cgroups, which the threads it starts inherit (v1
+  // can hold a process's threads in different ones).
+  auto text = ReadSmall("/proc/thread-self/cgroup");
+  if (!text) text = ReadSmall("/proc/self/cgroup");
+  if (text) quota = CgroupQuota(*text, "/sys/fs/cgroup");
   return BudgetOf(Parallel(), quota);
 }
 

@@ -18,8 +18,9 @@ namespace ferry::cpus {
 // 1. Reads /proc and /sys on each call: for start-up, not hot paths.
 int Parallel();
 
-// The CPUs' worth of time this process may use: Parallel(), or fewer where a
-// cgroup CPU quota on its path allows less (rounded up); at least 1.
+// The CPUs' worth of time the calling thread (and the threads it starts)
+// may use: Parallel(), or fewer where a cgroup CPU quota on its path allows
+// less (rounded up); at least 1.
 int Budget();
 
 // Budget() from its parts: `parallel` CPUs and a quota of `quota` CPUs.
@@ -34,7 +35,7 @@ std::optional<double> ParseCpuMax(std::string_view text);
 std::optional<double> ParseCfsQuota(std::string_view quota, std::string_view period);
 
 // The tightest CPU quota on this process's cgroup paths, given the text of
-// /proc/self/cgroup and the folder the cgroup file systems are mounted in
+// /proc/thread-self/cgroup and the folder the cgroup file systems are mounted in
 // (/sys/fs/cgroup): v2 there or in its `unified` folder, v1's cpu
 // controller in `cpu` or `cpu,cpuacct`. Each path is read from its cgroup
 // up to the top, because a parent's limit binds its children, and because
