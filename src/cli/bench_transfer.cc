@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -389,7 +390,9 @@ int RunInitiator(const BenchArgs& a) {
                         {"io_spin_us", e.options().io_spin_us},
                         {"cpus", parallel},
                         {"cpu_budget", budget},
-                        {"cpus_online", online}};
+                        {"cpus_online", online},
+                        {"target_env", a.target_env},
+                        {"initiator_env", a.initiator_env}};
     if (cross_before > 0) j["cross_cpu_gbps"] = {cross_before, cross_after};
     if (ref_each > 0) {
       j["reference_each_gbps"] = ref_each;
@@ -435,6 +438,7 @@ int RunBoth(const BenchArgs& a) {
   const std::string self = SelfExe();
   std::vector<std::string> targv = {self, "bench", "transfer", "--mode", "target"};
   for (auto& s : CommonArgs(a)) targv.push_back(s);
+  for (auto& kv : a.target_env) targv.insert(targv.end(), {"--target-env", kv});
   auto target = Subprocess::Spawn(targv, true);
   if (!target.ok()) {
     std::fprintf(stderr, "bench: %s\n", target.status().ToString().c_str());
@@ -451,6 +455,8 @@ int RunBoth(const BenchArgs& a) {
                                     "--mode", "initiator",  "--peer",
                                     seg,      "--ref-port", std::to_string(ref_port)};
   for (auto& s : CommonArgs(a)) iargv.push_back(s);
+  for (auto& kv : a.target_env) iargv.insert(iargv.end(), {"--target-env", kv});
+  for (auto& kv : a.initiator_env) iargv.insert(iargv.end(), {"--initiator-env", kv});
   if (a.json) iargv.push_back("--json");
   auto init = Subprocess::Spawn(iargv, false);
   if (!init.ok()) {
@@ -466,6 +472,13 @@ int RunBoth(const BenchArgs& a) {
 }  // namespace
 
 int BenchTransfer(const BenchArgs& a) {
+  // Before any engine (or other thread) of this process starts.
+  for (const std::string& kv : a.mode == "target"      ? a.target_env
+                               : a.mode == "initiator" ? a.initiator_env
+                                                       : std::vector<std::string>{}) {
+    const size_t eq = kv.find('=');
+    setenv(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str(), 1);
+  }
   const uint64_t bytes = RegionBytes(a);
   if (bytes > (8ull << 30)) {
     std::fprintf(stderr, "bench: block-size x batch-size x threads must stay under 8 GiB\n");

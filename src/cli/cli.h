@@ -50,6 +50,9 @@ struct BenchArgs {
   bool ref_spread = false;  // the raw streams cycle through the batch's bytes
   int fresh = 0;            // then this many passes, each into target memory set up just before
   std::string memory = "engine";  // host buffers: engine-allocated, or registered heap ("heap")
+  // "VAR=VALUE" set in the target's or the initiator's process alone, before
+  // its engine starts: settings of one side to compare.
+  std::vector<std::string> target_env, initiator_env;
 };
 int BenchTransfer(const BenchArgs& args);
 

@@ -148,6 +148,18 @@ int main(int argc, char** argv) {
                  "Host buffers on both sides: engine (AllocateMemory, memfd) or heap (anonymous "
                  "memory advised to huge pages, registered)")
       ->check(CLI::IsMember({"engine", "heap"}));
+  const CLI::Validator var_value(
+      [](const std::string& s) {
+        const size_t eq = s.find('=');
+        return eq == 0 || eq == std::string::npos ? "'" + s + "' is not VAR=VALUE" : "";
+      },
+      "VAR=VALUE");
+  bt->add_option("--target-env", b.target_env,
+                 "VAR=VALUE set in the target's process alone (repeatable)")
+      ->check(var_value);
+  bt->add_option("--initiator-env", b.initiator_env,
+                 "VAR=VALUE set in the initiator's process alone (repeatable)")
+      ->check(var_value);
 
   MasterArgs ma;
   std::string ma_max = "4GiB";

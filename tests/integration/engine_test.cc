@@ -15,17 +15,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <filesystem>
-#include <map>
-#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "common/cpu_claim.h"
-#include "common/event_trace.h"
-#include "common/subprocess.h"
 #include "common/thread_pool.h"
 #include "gpu/copier.h"
 #include "integration/peer.h"
@@ -255,128 +249,6 @@ TEST_P(EngineConformance, PartlyOutOfRangeWriteChangesNothing) {
 
 INSTANTIATE_TEST_SUITE_P(Transports, EngineConformance, ::testing::ValuesIn(TransportNames()),
                          [](const auto& info) { return info.param; });
-
-// ---- the bench command ----
-
-void RunBench(std::vector<std::string> args, nlohmann::json* j) {
-  auto r = test::RunBench(std::move(args));
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  *j = std::move(r).value();
-}
-
-// `ferry bench transfer` end to end: a target and an initiator process, the
-// engine's figure, and the raw reference with one TCP stream per engine lane.
-TEST(BenchCommand, ReportsTheEngineAgainstRawStreamsOfTheSameParallelism) {
-  nlohmann::json j;
-  ASSERT_NO_FATAL_FAILURE(RunBench({"--transport", "tcp", "--op", "read", "--block-size", "65536",
-                                    "--batch-size", "4", "--duration", "0.3"},
-                                   &j));
-  EXPECT_EQ(j["transport"], "tcp");
-  EXPECT_GT(j["gbps"].get<double>(), 0);
-  EXPECT_EQ(j["reference"], "tcp_streams");
-  EXPECT_EQ(j["reference_streams"].get<int>(), EffectiveTcpLanes(EngineOptions{}.tcp_lanes));
-  EXPECT_GT(j["reference_gbps"].get<double>(), 0) << "the raw streams failed";
-  // The same streams confirming each batch ran too, a read's shares asked for.
-  EXPECT_GT(j["reference_batched_gbps"].get<double>(), 0) << "the batched raw streams failed";
-  EXPECT_NEAR(j["ratio_batched"].get<double>(),
-              j["gbps"].get<double>() / j["reference_batched_gbps"].get<double>(), 1e-9);
-  // Bytes across two CPUs, before and after, where there are two to use.
-  if (cpus::Allowed().size() >= 2) {
-    ASSERT_TRUE(j.contains("cross_cpu_gbps"));
-    ASSERT_EQ(j["cross_cpu_gbps"].size(), 2u);
-    EXPECT_GT(j["cross_cpu_gbps"][0].get<double>(), 0);
-    EXPECT_GT(j["cross_cpu_gbps"][1].get<double>(), 0);
-  } else {
-    EXPECT_FALSE(j.contains("cross_cpu_gbps"));
-  }
-  // Writes, with the streams over the batch's bytes: each end sets up its
-  // buffer and says so before the timing starts.
-  nlohmann::json w;
-  ASSERT_NO_FATAL_FAILURE(RunBench({"--transport", "tcp", "--op", "write", "--block-size", "65536",
-                                    "--batch-size", "8", "--duration", "0.3", "--ref-spread"},
-                                   &w));
-  EXPECT_TRUE(w["reference_spread"].get<bool>());
-  EXPECT_GT(w["reference_gbps"].get<double>(), 0) << "the raw streams failed";
-  EXPECT_GT(w["reference_batched_gbps"].get<double>(), 0) << "a write's shares went unconfirmed";
-  // Two submitting threads, whose batches overlap: against the same
-  // unbroken streams, and not against streams confirming each batch.
-  nlohmann::json t;
-  ASSERT_NO_FATAL_FAILURE(RunBench({"--transport", "tcp", "--op", "write", "--block-size", "65536",
-                                    "--batch-size", "8", "--duration", "0.3", "--threads", "2"},
-                                   &t));
-  EXPECT_EQ(t["threads"].get<int>(), 2);
-  EXPECT_GT(t["gbps"].get<double>(), 0);
-  EXPECT_GT(t["reference_gbps"].get<double>(), 0) << "the raw streams failed";
-  EXPECT_FALSE(t.contains("reference_batched_gbps"));
-}
-
-// --fresh: single passes over target memory set up just before each, for
-// shm (engine-allocated) and tcp (registered anonymous memory), reported
-// beside the steady figure and against the same reference.
-TEST(BenchCommand, FreshPassesAreTimedOverNewTargetMemory) {
-  for (const char* transport : {"shm", "tcp"}) {
-    SCOPED_TRACE(transport);
-    nlohmann::json j;
-    ASSERT_NO_FATAL_FAILURE(RunBench({"--transport", transport, "--block-size", "1MiB",
-                                      "--batch-size", "4", "--duration", "0.2", "--fresh", "3"},
-                                     &j));
-    EXPECT_EQ(j["transport"], transport);
-    EXPECT_EQ(j["fresh_runs"].get<int>(), 3);
-    EXPECT_EQ(j["fresh_gbps_all"].size(), 3u);
-    EXPECT_GT(j["fresh_gbps"].get<double>(), 0);
-    EXPECT_GT(j["fresh_ratio"].get<double>(), 0);
-  }
-}
-
-// FERRY_TRACE_FILE: each process of the bench writes its events when it
-// exits. Between a batch's submit and its waiter's return, its events show
-// its tasks posted once, and each of its chunks put into a send, announced,
-// received and acked at the target, its ack sent, and the chunk answered;
-// nothing of another batch. Every send is seen completed (its completion may
-// run after the reply, so at any time).
-TEST(BenchCommand, TracesEveryChunkOfEachBatchWhereAsked) {
-  char dir[] = "/tmp/ferry-trace-XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
-  setenv("FERRY_TRACE_FILE", (std::string(dir) + "/t").c_str(), 1);
-  nlohmann::json j;
-  RunBench({"--transport", "tcp", "--op", "write", "--block-size", "1MiB", "--batch-size", "4",
-            "--duration", "0.2"},
-           &j);
-  unsetenv("FERRY_TRACE_FILE");
-  const auto events = test::ReadTrace(dir);
-  std::filesystem::remove_all(dir);
-  ASSERT_FALSE(HasFatalFailure());
-  ASSERT_FALSE(events.empty()) << "no process wrote its events";
-  size_t batches = 0;
-  std::map<unsigned, int> in_batch, all;
-  bool open = false;
-  for (const test::TraceEvent& e : events) {
-    ++all[e.stage];
-    // A lane woken for work that others took may look after the batch is done.
-    if (e.stage == trace::kSent || e.stage == trace::kKicked) continue;
-    if (e.stage == trace::kSubmit) {
-      EXPECT_FALSE(open) << "a submit before the last batch's waiter returned";
-      open = true;
-      in_batch.clear();
-    } else if (e.stage == trace::kWaitDone) {
-      ASSERT_TRUE(open);
-      open = false;
-      ++batches;
-      EXPECT_GE(in_batch[trace::kSend], 4) << "batch " << batches;
-      EXPECT_EQ(in_batch[trace::kPost], 1) << "batch " << batches;
-      for (auto stage : {trace::kReply, trace::kTargetHeader, trace::kTargetPayload,
-                         trace::kTargetAck, trace::kTargetReplyOut}) {
-        EXPECT_EQ(in_batch[stage], in_batch[trace::kSend])
-            << "batch " << batches << " stage " << stage;
-      }
-    } else {
-      EXPECT_TRUE(open) << "stage " << e.stage << " outside a batch";
-      ++in_batch[e.stage];
-    }
-  }
-  EXPECT_GT(batches, 2u);
-  EXPECT_EQ(all[trace::kSent], all[trace::kSend]);
-}
 
 // ---- transport selection ----
 
