@@ -94,7 +94,10 @@ std::optional<double> CgroupQuota(std::string_view proc_cgroup, const std::strin
     const size_t b = a == std::string_view::npos ? a : line.find(':', a + 1);
     if (b == std::string_view::npos || line.size() <= b + 1 || line[b + 1] != '/') continue;
     const std::string_view controllers = line.substr(a + 1, b - a - 1);
-    const std::string_view path = line.substr(b + 1);
+    std::string_view path = line.substr(b + 1);
+    // A cgroup outside this namespace's view ("/../x"): the view's top is
+    // the nearest that the mount shows.
+    if (path.find("/..") != std::string_view::npos) path = "/";
     if (line.substr(0, a) == "0" && controllers.empty()) {
       for (const std::string& mount : {root, root + "/unified"}) {
         for (const std::string& dir : Upward(mount, path)) {

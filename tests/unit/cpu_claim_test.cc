@@ -115,16 +115,17 @@ TEST(CpuQuota, ReadsV2AndV1Quotas) {
 class CgroupTree : public ::testing::Test {
  protected:
   void SetUp() override {
-    root_ = ::testing::TempDir() + "ferry-cgroup-test-" + std::to_string(getpid());
-    std::filesystem::remove_all(root_);
+    base_ = ::testing::TempDir() + "ferry-cgroup-test-" + std::to_string(getpid());
+    std::filesystem::remove_all(base_);
+    root_ = base_ + "/mnt";
   }
-  void TearDown() override { std::filesystem::remove_all(root_); }
+  void TearDown() override { std::filesystem::remove_all(base_); }
   void Put(const std::string& rel, const std::string& text) {
     const std::filesystem::path p = root_ + "/" + rel;
     std::filesystem::create_directories(p.parent_path());
     std::ofstream(p) << text;
   }
-  std::string root_;
+  std::string base_, root_;  // root_, the mount, is in base_
 };
 
 // The tightest limit from the process's cgroup up to the top counts; a
@@ -146,6 +147,9 @@ TEST_F(CgroupTree, V2TakesTheTightestLimitOnThePath) {
 TEST_F(CgroupTree, APathTheMountDoesNotShowFallsBackToItsTop) {
   Put("cpu.max", "300000 100000\n");
   EXPECT_EQ(CgroupQuota("0::/docker/abc123\n", root_), 3.0);
+  // Outside the namespace's view: never a file above the mount.
+  Put("../cpu.max", "100000 100000\n");
+  EXPECT_EQ(CgroupQuota("0::/../other\n", root_), 3.0);
 }
 
 TEST_F(CgroupTree, V1ReadsTheCpuControllerOnly) {
