@@ -91,6 +91,10 @@ struct Task {
   // Set on a stand-in task by a transport that stages the real one: runs
   // instead of the batch update, which the real task then does.
   std::shared_ptr<std::function<void(const Status&)>> on_done;
+  // Set on a stand-in write whose buffer is the transport's: runs once the
+  // payload has been handed to the socket, before any reply; may not run
+  // at all where the task fails first.
+  std::shared_ptr<std::function<void()>> on_sent;
 
   void Done(const Status& s) const {
     if (on_done) {

@@ -505,6 +505,46 @@ TEST(TcpLanes, TheWindowGrowsForGpuMemoryAndForSmallChunks) {
   }
 }
 
+// A write's on_sent runs once its payload is on the socket, before any
+// reply: a staged write gives its buffer back then, a round trip before the
+// ack (FERRY_TCP_EARLY_RELEASE). Closing the lane still fails the write.
+TEST(TcpLanes, AWriteIsSeenSentBeforeItsReply) {
+  test::SilentTarget target;
+  asio::io_context io;
+  auto work = asio::make_work_guard(io);
+  std::thread runner([&io] { io.run(); });
+  Lane::Config cfg;
+  cfg.peer = asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), target.port());
+  cfg.peer_name = target.name();
+  auto queue = std::make_shared<ChunkQueue>();
+  auto lane = std::make_shared<Lane>(io, cfg, std::weak_ptr<Segment>(), queue);
+  std::vector<char> payload(256 << 10, 'w');
+  std::atomic<int> sent{0}, done{0};
+  Task t;
+  t.op = Op::kWrite;
+  t.local = payload.data();
+  t.remote = test::SilentTarget::kHost;
+  t.length = payload.size();
+  t.deadline = Deadline::After(seconds(30));
+  t.batch = std::make_shared<BatchState>(1);
+  t.on_done = std::make_shared<std::function<void(const Status&)>>([&](const Status&) { ++done; });
+  t.on_sent = std::make_shared<std::function<void()>>([&] { ++sent; });
+  queue->Push({t});
+  lane->Kick();
+  for (int i = 0; i < 1000 && (sent == 0 || target.writes() == 0); ++i) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  EXPECT_EQ(sent.load(), 1);
+  EXPECT_EQ(target.writes(), 1);
+  EXPECT_EQ(done.load(), 0);  // no reply came
+  lane->Close();
+  for (int i = 0; i < 1000 && done == 0; ++i) std::this_thread::sleep_for(milliseconds(5));
+  EXPECT_EQ(done.load(), 1);
+  EXPECT_EQ(sent.load(), 1);
+  io.stop();
+  runner.join();
+}
+
 // Unset, the windows follow the queue: where a peer's lanes share one (more
 // than one io thread), 2 chunks a lane, or small ones in two rounds of a
 // lane's share of the batch (256 to 512 KiB); where each has its own, 4, or

@@ -1,6 +1,7 @@
 // A fake peer for tests of requests that stay in flight: its listener
 // describes one host and one GPU region, answers the hello and counts the
-// requests it is sent, answering none of them.
+// reads and writes it is sent (taking in a write's payload), answering none
+// of them.
 #pragma once
 
 #include <sys/socket.h>
@@ -43,7 +44,9 @@ class SilentTarget {
   SilentTarget& operator=(const SilentTarget&) = delete;
 
   std::string name() const { return "127.0.0.1:" + std::to_string(port_); }
+  uint16_t port() const { return port_; }
   int requests() const { return requests_.load(); }
+  int writes() const { return writes_.load(); }
 
  private:
   void Serve(int fd) {
@@ -78,6 +81,13 @@ class SilentTarget {
         send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
       } else if (h.value().opcode == wire::Opcode::kRead) {
         requests_.fetch_add(1);
+      } else if (h.value().opcode == wire::Opcode::kWrite && h.value().length <= kLen) {
+        std::vector<char> payload(h.value().length);
+        if (recv(fd, payload.data(), payload.size(), MSG_WAITALL) !=
+            static_cast<ssize_t>(payload.size())) {
+          return;
+        }
+        writes_.fetch_add(1);
       } else {
         return;
       }
@@ -91,6 +101,7 @@ class SilentTarget {
   std::vector<int> fds_;  // touched by the acceptor until it is joined
   std::vector<std::thread> conns_;
   std::atomic<int> requests_{0};
+  std::atomic<int> writes_{0};
 };
 
 }  // namespace ferry::test

@@ -182,7 +182,8 @@ void Lane::Pump() {
   sending_.clear();
   std::vector<asio::const_buffer> bufs;
   std::vector<Task> taken;
-  std::vector<uint64_t> traced;  // the chunks' keys, with tracing on
+  std::vector<uint64_t> traced;                              // the chunks' keys, with tracing on
+  std::vector<std::shared_ptr<std::function<void()>>> sent;  // the tasks' on_sent
   // Once per Pump, for the queue's fair share; again only for what a task
   // that was dropped (cancelled, expired) left free.
   for (bool again = true; again;) {
@@ -215,6 +216,7 @@ void Lane::Pump() {
           out.header);
       bufs.push_back(asio::buffer(out.header));
       if (write) bufs.push_back(asio::buffer(t.local, t.length));
+      if (write && t.on_sent) sent.push_back(t.on_sent);
       if (write && cfg_.checksum) {
         wire::EncodeCrc(crc32c::Value(t.local, t.length), out.crc);
         bufs.push_back(asio::buffer(out.crc));
@@ -230,19 +232,21 @@ void Lane::Pump() {
   writing_ = true;
   ArmTimer();
   const uint64_t gen = gen_;
-  AsyncWriteAll(
-      sock_, std::move(bufs),
-      [self = shared_from_this(), gen, traced = std::move(traced)](asio::error_code ec, size_t) {
-        for (uint64_t key : traced) trace::Mark(trace::kSent, key);
-        if (gen != self->gen_) return;
-        self->writing_ = false;
-        if (ec) {
-          return self->Fail(
-              Status::ConnectionLost("send to " + self->cfg_.peer_name + ": " + ec.message()));
-        }
-        self->last_progress_ = Clock::now();
-        self->Pump();
-      });
+  AsyncWriteAll(sock_, std::move(bufs),
+                [self = shared_from_this(), gen, traced = std::move(traced),
+                 sent = std::move(sent)](asio::error_code ec, size_t) {
+                  for (uint64_t key : traced) trace::Mark(trace::kSent, key);
+                  // The kernel holds the bytes now; a failed send fails the tasks.
+                  for (const auto& fn : sent) (*fn)();
+                  if (gen != self->gen_) return;
+                  self->writing_ = false;
+                  if (ec) {
+                    return self->Fail(Status::ConnectionLost("send to " + self->cfg_.peer_name +
+                                                             ": " + ec.message()));
+                  }
+                  self->last_progress_ = Clock::now();
+                  self->Pump();
+                });
 }
 
 // The next reply: from the inbox when a whole header is there, else after a

@@ -1,6 +1,7 @@
 #include "transfer/tcp/staging.h"
 
 #include "common/cache.h"
+#include "common/env.h"
 #include "common/event_trace.h"
 #include "common/thread_pool.h"
 #include "gpu/copier.h"
@@ -56,6 +57,13 @@ void StagingPool::Give(char* buf) {
     waiting_.pop_front();
   }
   next(buf);
+}
+
+int EarlyRelease() {
+  static const int mask = static_cast<int>(env::GetIntIn("FERRY_TCP_EARLY_RELEASE", 0,
+                                                         kReleaseOnSend | kReleaseOnLanding,
+                                                         kReleaseOnSend | kReleaseOnLanding));
+  return mask;
 }
 
 void LandStaged(ThreadPool* pool, gpu::Copier& copier, void* dst, const char* buf, size_t n,

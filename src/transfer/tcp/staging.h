@@ -48,6 +48,15 @@ class StagingPool {
   std::deque<std::function<void(char*)>> waiting_;  // guarded by mu_
 };
 
+// Where staging goes back before a request's reply (FERRY_TCP_EARLY_RELEASE,
+// a bit mask, 3 by default): kReleaseOnSend, a staged write's buffer at the
+// initiator once its bytes are sent, not once the target has acked them;
+// kReleaseOnLanding, the target's buffer for a write to GPU memory once its
+// copy has landed, not once the connection's thread has queued the ack.
+inline constexpr int kReleaseOnSend = 1;
+inline constexpr int kReleaseOnLanding = 2;
+int EarlyRelease();
+
 // Moves `n` bytes just received into staging `buf` to GPU memory at `dst`:
 // writes the buffer's cache lines back for the DMA (common/cache.h), then
 // enqueues the host-to-device copy after `ready`; `done` runs on the

@@ -292,16 +292,23 @@ void TcpTarget::WriteToDevice(const Conn& c, const Header& h, int device) {
 // fills `out` once it has landed.
 void TcpTarget::LandWrite(const Conn& c, const Header& h, int device,
                           const std::shared_ptr<FrameConnection::Slot>& out, char* buf) {
-  LandThen(c, reinterpret_cast<void*>(h.addr), buf, h.length, device, landing_,
-           [this, c, h, out, buf](const Status& st) {
-             FERRY_TRACE(trace::kTargetAck, h.addr);
-             staging_->Give(buf);
-             if (!st.ok()) {
-               FERRY_LOG_ERROR("listener: GPU write at 0x{:x} failed: {}", h.addr, st.ToString());
-             }
-             StatusCode code = st.ok() ? StatusCode::kOk : StatusCode::kInternal;
-             c->Fill(out, {Opcode::kWriteAck, code, h.id, h.addr, 0}, nullptr);
-           });
+  // Given back as soon as the copy is done, or only on the connection's
+  // thread, where the ack may wait behind the frames that thread serves.
+  const bool early = (EarlyRelease() & kReleaseOnLanding) != 0;
+  auto ack = OnStrand(c, [this, c, h, out, buf, early](const Status& st) {
+    FERRY_TRACE(trace::kTargetAck, h.addr);
+    if (!early) staging_->Give(buf);
+    if (!st.ok()) {
+      FERRY_LOG_ERROR("listener: GPU write at 0x{:x} failed: {}", h.addr, st.ToString());
+    }
+    StatusCode code = st.ok() ? StatusCode::kOk : StatusCode::kInternal;
+    c->Fill(out, {Opcode::kWriteAck, code, h.id, h.addr, 0}, nullptr);
+  });
+  LandStaged(landing_, *copier_, reinterpret_cast<void*>(h.addr), buf, h.length, device, nullptr,
+             [this, buf, early, ack = std::move(ack)](const Status& st) {
+               if (early) staging_->Give(buf);
+               ack(st);
+             });
 }
 
 // A read of GPU memory that fits one staging buffer: copy it device-to-host

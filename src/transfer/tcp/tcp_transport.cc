@@ -111,6 +111,15 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
 
   void Release(char* buf) { staging_->Give(buf); }
 
+  // Gives `buf` back the first time it runs: a staged write's buffer is
+  // free once its bytes are sent or the write has failed, whichever is first.
+  std::shared_ptr<std::function<void()>> ReleaseOnce(char* buf) {
+    auto held = std::make_shared<std::atomic<bool>>(true);
+    return std::make_shared<std::function<void()>>([self = shared_from_this(), buf, held] {
+      if (held->exchange(false, std::memory_order_acq_rel)) self->Release(buf);
+    });
+  }
+
   // A host task over `buf` that stands in for `t` on the wire.
   Task StandIn(const Task& t, char* buf, std::function<void(const Status&)> done) {
     Task h = t;
@@ -133,10 +142,15 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
                              self->Release(buf);
                              return t.Done(st);
                            }
-                           self->gpu_->Post({self->StandIn(t, buf, [self, t, buf](const Status& s) {
-                             self->Release(buf);
+                           auto release = self->ReleaseOnce(buf);
+                           Task h = self->StandIn(t, buf, [t, release](const Status& s) {
+                             (*release)();
                              t.Done(s);
-                           })});
+                           });
+                           // Without it the buffer is held a round trip
+                           // longer, to the ack.
+                           if (EarlyRelease() & kReleaseOnSend) h.on_sent = release;
+                           self->gpu_->Post({std::move(h)});
                          });
       return;
     }
