@@ -49,7 +49,7 @@ class StagingPool {
 };
 
 // Where staging goes back before a request's reply (FERRY_TCP_EARLY_RELEASE,
-// a bit mask, 3 by default): kReleaseOnSend, a staged write's buffer at the
+// a bit mask, 0 by default): kReleaseOnSend, a staged write's buffer at the
 // initiator once its bytes are sent, not once the target has acked them;
 // kReleaseOnLanding, the target's buffer for a write to GPU memory once its
 // copy has landed, not once the connection's thread has queued the ack.
