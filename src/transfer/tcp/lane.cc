@@ -237,15 +237,21 @@ void Lane::Pump() {
                  sent = std::move(sent)](asio::error_code ec, size_t) {
                   for (uint64_t key : traced) trace::Mark(trace::kSent, key);
                   // The kernel holds the bytes now; a failed send fails the tasks.
-                  for (const auto& fn : sent) (*fn)();
-                  if (gen != self->gen_) return;
+                  auto release = [&sent] {
+                    for (const auto& fn : sent) (*fn)();
+                  };
+                  if (gen != self->gen_) return release();
                   self->writing_ = false;
                   if (ec) {
+                    release();
                     return self->Fail(Status::ConnectionLost("send to " + self->cfg_.peer_name +
                                                              ": " + ec.message()));
                   }
                   self->last_progress_ = Clock::now();
+                  // A release can start a waiting stager's copy on this
+                  // thread: the next send goes out first.
                   self->Pump();
+                  release();
                 });
 }
 
