@@ -34,7 +34,7 @@ class Candidate {
       : o_(std::move(o)), etcd_(std::move(etcd)), cluster_(std::move(cluster)) {
     o_.extra_health = [this] { return Health(); };
     o_.extra_metrics = [this] { return Metrics(); };
-    o_.gate = [this] {
+    o_.master.gate = [this] {
       store::LeaderElection* e = election_.load();
       return e != nullptr ? e->Confirmed() : Status::Unavailable("the election is starting");
     };

@@ -181,7 +181,7 @@ TEST(StoreAuth, InProcessCallersNeedNoTokenButPassTheGateAndChecks) {
   store::MasterServerOptions mo;
   mo.http_port = -1;
   mo.auth_key_file = key.path();
-  mo.gate = [&] { return open ? Status::Ok() : Status::Unavailable("not the leader"); };
+  mo.master.gate = [&] { return open ? Status::Ok() : Status::Unavailable("not the leader"); };
   auto server = store::MasterServer::Start(mo);
   ASSERT_TRUE(server.ok()) << server.status().ToString();
   auto local = store::MasterClient::Connect(server.value()->address(),

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <thread>
 
 #include "store/master/service.h"
@@ -203,6 +204,46 @@ TEST(Master, SilentNodeLosesItsReplicasAndLoneObjectsDisappear) {
   ASSERT_TRUE(both.ok());
   ASSERT_EQ(both.value().location.replicas.size(), 1u);
   EXPECT_EQ(both.value().location.replicas[0].extents[0].segment, "b:1");
+}
+
+// A master whose gate refuses (an elected one with etcd away) hears no
+// heartbeats: a node is unmounted only once the master has served a whole
+// TTL since the last refusal without hearing from it. The CI run of
+// test_the_cluster_carries_on_after_etcd_restarts lost a cluster's keys to
+// this: its leader unmounted both nodes the moment etcd came back.
+TEST(Master, NodeTtlCountsOnlyWhileTheGateIsOpen) {
+  std::atomic<bool> open{true};
+  MasterOptions o = Fast();
+  o.node_ttl = Millis(500);
+  o.gate = [&] { return open ? Status::Ok() : Status::Unavailable("not confirmed"); };
+  Master m(o);
+  ASSERT_TRUE(m.Mount("a:1", 1, {{kBase, 1 << 20}}).ok());
+  ASSERT_TRUE(Put(m, "k", 100).ok());
+  open = false;
+  std::this_thread::sleep_for(Millis(1000));  // two TTLs with no heartbeat
+  EXPECT_EQ(m.Gate().code(), StatusCode::kUnavailable);
+  open = true;
+  EXPECT_TRUE(m.Exists("k").ok());
+  EXPECT_TRUE(m.Heartbeat("a:1").ok());
+  EXPECT_EQ(m.Stats().nodes_expired, 0u);
+  // Silent for a whole TTL of service, it goes.
+  EXPECT_TRUE(Eventually([&] { return m.Exists("k").code() == StatusCode::kNotFound; }));
+  EXPECT_EQ(m.Heartbeat("a:1").code(), StatusCode::kNotFound);
+}
+
+// Likewise a miss waits for the awaited nodes a whole TTL of service.
+TEST(Master, AwaitedNodesAreWaitedForOneTtlOfService) {
+  std::atomic<bool> open{false};
+  MasterOptions o = Fast();
+  o.node_ttl = Millis(500);
+  o.awaited_nodes = {"slow:1"};
+  o.gate = [&] { return open ? Status::Ok() : Status::Unavailable("not confirmed"); };
+  Master m(o);
+  std::this_thread::sleep_for(Millis(1000));
+  EXPECT_EQ(m.Gate().code(), StatusCode::kUnavailable);
+  open = true;
+  EXPECT_EQ(m.Exists("k").code(), StatusCode::kUnavailable);
+  EXPECT_TRUE(Eventually([&] { return m.Exists("k").code() == StatusCode::kNotFound; }));
 }
 
 PutSpec Reserve(uint64_t size) {

@@ -388,7 +388,8 @@ Status Master::Exists(const std::string& key) {
 Status Master::MissIsSure() {
   if (!rebuilding_.load(std::memory_order_acquire)) return Status::Ok();
   std::lock_guard lk(awaited_mu_);
-  if (awaited_.empty() || Clock::now() >= rebuilt_by_) {
+  const Clock::time_point by = AfterServedTtl(rebuilt_by_);
+  if (awaited_.empty() || Clock::now() >= by) {
     rebuilding_ = false;
     return Status::Ok();
   }
@@ -396,7 +397,20 @@ Status Master::MissIsSure() {
       "not sure the key is absent: this master is rebuilding its catalog, and {} node(s) "
       "such as {} have still to mount again (at most {} ms more)",
       awaited_.size(), *awaited_.begin(),
-      std::chrono::duration_cast<Millis>(rebuilt_by_ - Clock::now()).count()));
+      std::chrono::duration_cast<Millis>(by - Clock::now()).count()));
+}
+
+Status Master::Gate() {
+  if (!options_.gate) return Status::Ok();
+  Status st = options_.gate();
+  if (!st.ok()) refused_at_.store(Clock::now().time_since_epoch().count());
+  return st;
+}
+
+Clock::time_point Master::AfterServedTtl(Clock::time_point t) const {
+  const Clock::rep refused = refused_at_.load();
+  if (refused == 0) return t;
+  return std::max(t, Clock::time_point(Clock::duration(refused)) + options_.node_ttl);
 }
 
 Status Master::Remove(const std::string& key, bool force) {
@@ -560,12 +574,16 @@ void Master::Tick() {
     }
   }
   FERRY_COUNT(puts_reclaimed, reclaimed);
-  // Silent nodes.
-  for (const auto& [node, gen] : space_.Expire(now - options_.node_ttl)) {
-    FERRY_COUNT(nodes_expired, 1);
-    FERRY_LOG_WARN("master: node {} missed its heartbeat TTL; unmounting it", node);
-    DropNode(node, gen);
-    log_.Drop(node, gen);
+  // Silent nodes: only once the master has served them a whole TTL, for
+  // their heartbeats were refused while the gate was shut.
+  (void)Gate();
+  if (AfterServedTtl(now) <= now) {
+    for (const auto& [node, gen] : space_.Expire(now - options_.node_ttl)) {
+      FERRY_COUNT(nodes_expired, 1);
+      FERRY_LOG_WARN("master: node {} missed its heartbeat TTL; unmounting it", node);
+      DropNode(node, gen);
+      log_.Drop(node, gen);
+    }
   }
   // Background eviction between the watermarks.
   SpaceUsage u = space_.Usage();

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -54,6 +55,13 @@ struct MasterOptions {
   // node silent that long is gone), a key it does not know may be on one of
   // them: Get, Exists, Remove and Pin answer Unavailable, not NotFound.
   std::vector<std::string> awaited_nodes;
+  // Asked before every call is served, and by the background thread: while
+  // it refuses (an elected master whose leadership is unconfirmed, say
+  // with etcd away), calls get its answer and nodes can neither heartbeat
+  // nor mount. So node_ttl, for expiry and for the awaited nodes, counts
+  // from its last refusal: a node is unmounted only once the master has
+  // served a whole TTL without hearing from it. Empty: always open.
+  std::function<Status()> gate;
 };
 
 struct MasterStats {
@@ -140,6 +148,9 @@ class Master {
   uint64_t RemoveAll(bool force);
   // Sets the pin of a complete object; StorePin::kNone unpins.
   Status SetPin(const std::string& key, StorePin pin, Millis ttl);
+
+  // options().gate's answer (OK without one); a refusal is remembered.
+  Status Gate();
 
   // Background work, also run by the thread every options.tick.
   void Tick();
@@ -242,6 +253,10 @@ class Master {
   std::mutex awaited_mu_;                  // a leaf: taken under a shard's lock
   std::set<std::string> awaited_;          // guarded by awaited_mu_
   const Clock::time_point rebuilt_by_;
+  // When Gate last refused (Clock::rep; 0: never): node_ttl runs from then.
+  std::atomic<Clock::rep> refused_at_{0};
+  // The later of `t` and a node TTL after the last refusal.
+  Clock::time_point AfterServedTtl(Clock::time_point t) const;
 
   // Reservations (PutSpec::reserve), by put id: objects in all but name.
   std::mutex reserved_mu_;

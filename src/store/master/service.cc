@@ -72,9 +72,8 @@ class Service final : public pb::Master::Service {
  public:
   // `checker` (null: no cluster secret) and `socket_port` (Hello's answer)
   // outlive the service.
-  Service(Master& m, CallTokenChecker* checker, std::function<Status()> gate,
-          const std::atomic<int>& socket_port)
-      : m_(m), checker_(checker), gate_(std::move(gate)), socket_port_(socket_port) {}
+  Service(Master& m, CallTokenChecker* checker, const std::atomic<int>& socket_port)
+      : m_(m), checker_(checker), socket_port_(socket_port) {}
 
   uint64_t auth_failures() const { return refused_.count(); }
 
@@ -303,16 +302,14 @@ class Service final : public pb::Master::Service {
                             st.message());
       }
     }
-    if (gate_) {
-      Status open = gate_();
-      if (!open.ok()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, open.message());
+    if (Status open = m_.Gate(); !open.ok()) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, open.message());
     }
     return Guard(method, std::forward<F>(f));
   }
 
   Master& m_;
   CallTokenChecker* const checker_;
-  const std::function<Status()> gate_;
   const std::atomic<int>& socket_port_;
   log::Refusals refused_{"master"};  // calls without a good token
 };
@@ -435,11 +432,11 @@ std::string MetricsText(const MasterStats& s) {
 
 class MasterServer::Impl {
  public:
-  Impl(const MasterOptions& o, std::shared_ptr<const auth::Key> key, std::function<Status()> gate)
+  Impl(const MasterOptions& o, std::shared_ptr<const auth::Key> key)
       : master(o),
         checker(key ? std::make_unique<CallTokenChecker>(std::move(key)) : nullptr),
-        service(master, checker.get(), gate, socket_port),
-        local_service(master, nullptr, std::move(gate), socket_port) {}
+        service(master, checker.get(), socket_port),
+        local_service(master, nullptr, socket_port) {}
   MasterStats Stats() {
     MasterStats s = master.Stats();
     s.auth_failures = service.auth_failures();
@@ -496,7 +493,7 @@ Result<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterServerOpti
         "that reaches it can read and change the store's metadata",
         o.host, auth::kKeyFileEnv);
   }
-  auto impl = std::make_unique<Impl>(o.master, std::move(key), o.gate);
+  auto impl = std::make_unique<Impl>(o.master, std::move(key));
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(o.host + ":" + std::to_string(o.port), grpc::InsecureServerCredentials(),

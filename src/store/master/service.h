@@ -39,9 +39,8 @@ struct MasterServerOptions {
   // request: what the process knows beyond this master, such as its role in
   // an election. Empty: none.
   std::function<std::string()> extra_health, extra_metrics;
-  // Asked before every call is served: one refused gets UNAVAILABLE with its
-  // message (a master whose leadership is not confirmed). Empty: none.
-  std::function<Status()> gate;
+  // master.gate is asked before every call: one refused gets UNAVAILABLE
+  // with its message (a master whose leadership is not confirmed).
 };
 
 class MasterServer {
