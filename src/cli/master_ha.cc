@@ -36,7 +36,8 @@ class Candidate {
     o_.extra_metrics = [this] { return Metrics(); };
     o_.master.gate = [this] {
       store::LeaderElection* e = election_.load();
-      return e != nullptr ? e->Confirmed() : Status::Unavailable("the election is starting");
+      return e != nullptr ? e->Confirmed()
+                          : Status::Unavailable("this master is starting or stopping");
     };
   }
   // Set once the election runs; the gate asks it before each call.

@@ -57,10 +57,10 @@ void CheckStatuses(const Results& results, int items) {
   for (const auto& s : results) CheckStatus(s);
 }
 
-// The service with no cluster secret, no gate and no socket port.
+// The service with no cluster secret and no socket port (the master has no gate).
 std::unique_ptr<Service> MakeService(Master& m) {
   static const std::atomic<int> kNoSocket{0};
-  return std::make_unique<Service>(m, nullptr, nullptr, kNoSocket);
+  return std::make_unique<Service>(m, nullptr, kNoSocket);
 }
 
 class Harness {

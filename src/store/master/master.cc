@@ -576,7 +576,13 @@ void Master::Tick() {
   FERRY_COUNT(puts_reclaimed, reclaimed);
   // Silent nodes: only once the master has served them a whole TTL, for
   // their heartbeats were refused while the gate was shut.
-  (void)Gate();
+  if (Status open = Gate(); serving_.exchange(open.ok()) != open.ok()) {
+    if (open.ok()) {
+      FERRY_LOG_WARN("master: serving again; nodes' TTLs count from the last refusal");
+    } else {
+      FERRY_LOG_WARN("master: refusing calls ({}); no node is expired meanwhile", open.message());
+    }
+  }
   if (AfterServedTtl(now) <= now) {
     for (const auto& [node, gen] : space_.Expire(now - options_.node_ttl)) {
       FERRY_COUNT(nodes_expired, 1);

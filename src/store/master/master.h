@@ -269,6 +269,7 @@ class Master {
   mutable std::mutex stats_mu_;
   MasterStats counters_;  // guarded by stats_mu_; space and objects filled on read
 
+  std::atomic<bool> serving_{true};  // the gate's answer at the last tick, for the log
   std::unique_ptr<Ticker> ticker_;  // runs Tick; reset first on destruction
 };
 
