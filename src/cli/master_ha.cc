@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <shared_mutex>
 #include <thread>
 
 #include "cli/cli.h"
@@ -34,14 +35,20 @@ class Candidate {
       : o_(std::move(o)), etcd_(std::move(etcd)), cluster_(std::move(cluster)) {
     o_.extra_health = [this] { return Health(); };
     o_.extra_metrics = [this] { return Metrics(); };
+    // Under the lock: main may be destroying the election, and the master's
+    // own thread asks too, every tick.
     o_.master.gate = [this] {
-      store::LeaderElection* e = election_.load();
-      return e != nullptr ? e->Confirmed()
-                          : Status::Unavailable("this master is starting or stopping");
+      std::shared_lock lk(election_mu_);
+      return election_ != nullptr ? election_->Confirmed()
+                                  : Status::Unavailable("this master is starting or stopping");
     };
   }
-  // Set once the election runs; the gate asks it before each call.
-  void set_election(store::LeaderElection* e) { election_ = e; }
+  // Set once the election runs, cleared before it is destroyed; the gate
+  // asks it before each call and at each of the master's ticks.
+  void set_election(store::LeaderElection* e) {
+    std::unique_lock lk(election_mu_);
+    election_ = e;
+  }
   ~Candidate() { StopStandby(); }
 
   Status StartStandby() {
@@ -158,7 +165,8 @@ class Candidate {
   store::MasterServerOptions o_;
   const std::shared_ptr<coord::EtcdClient> etcd_;
   const std::string cluster_;
-  std::atomic<store::LeaderElection*> election_{nullptr};
+  std::shared_mutex election_mu_;
+  store::LeaderElection* election_ = nullptr;  // guarded by election_mu_
   std::unique_ptr<httplib::Server> standby_;  // the election thread's, and main's
   std::thread standby_thread_;
   std::mutex mu_;

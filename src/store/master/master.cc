@@ -395,7 +395,7 @@ Status Master::MissIsSure() {
   }
   return Status::Unavailable(fmt::format(
       "not sure the key is absent: this master is rebuilding its catalog, and {} node(s) "
-      "such as {} have still to mount again (at most {} ms more)",
+      "such as {} have still to mount again (for {} ms more while it serves)",
       awaited_.size(), *awaited_.begin(),
       std::chrono::duration_cast<Millis>(by - Clock::now()).count()));
 }
@@ -403,7 +403,14 @@ Status Master::MissIsSure() {
 Status Master::Gate() {
   if (!options_.gate) return Status::Ok();
   Status st = options_.gate();
-  if (!st.ok()) refused_at_.store(Clock::now().time_since_epoch().count());
+  if (!st.ok()) {
+    // Forward only: a caller paused between its clock and its store must
+    // not shorten the TTL a later refusal started.
+    const Clock::rep t = Clock::now().time_since_epoch().count();
+    Clock::rep prev = refused_at_.load();
+    while (prev < t && !refused_at_.compare_exchange_weak(prev, t)) {
+    }
+  }
   return st;
 }
 
@@ -583,6 +590,9 @@ void Master::Tick() {
       FERRY_LOG_WARN("master: refusing calls ({}); no node is expired meanwhile", open.message());
     }
   }
+  // The wait for awaited nodes ends here too, not only at the next miss,
+  // so a later refusal does not open it again.
+  if (rebuilding_.load(std::memory_order_acquire)) (void)MissIsSure();
   if (AfterServedTtl(now) <= now) {
     for (const auto& [node, gen] : space_.Expire(now - options_.node_ttl)) {
       FERRY_COUNT(nodes_expired, 1);

@@ -33,7 +33,7 @@ struct MasterOptions {
   Millis lease{5000};            // a get's read lease
   Millis put_timeout{10000};     // a begun put not committed by then is reclaimed
   Millis write_grace{1000};      // aborted or reclaimed space waits this long for late writes
-  Millis node_ttl{5000};         // a node silent this long is unmounted
+  Millis node_ttl{5000};         // a node silent this long, while serving (gate), is unmounted
   Millis tick{100};              // background reclaim, expiry and eviction period
   double high_watermark = 0.90;  // background eviction starts above this fraction used
   double low_watermark = 0.80;   // and stops below this one
@@ -51,8 +51,9 @@ struct MasterOptions {
   Millis catalog_sync{0};
   // Nodes expected to mount again: an elected master's, read from the roster
   // (store/rpc/leader.h). It knows objects only as their nodes mount, so
-  // until each of these has, or node_ttl has passed since it started (a
-  // node silent that long is gone), a key it does not know may be on one of
+  // until each of these has, or node_ttl has passed since it started or
+  // last refused a call (gate; a node silent that long is gone), a key it
+  // does not know may be on one of
   // them: Get, Exists, Remove and Pin answer Unavailable, not NotFound.
   std::vector<std::string> awaited_nodes;
   // Asked before every call is served, and by the background thread: while

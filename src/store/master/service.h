@@ -29,6 +29,8 @@ struct MasterServerOptions {
   int socket_port = 0;
   size_t socket_max_connections = 1024;
   int http_port = 0;  // 0 picks a free port, -1 serves no HTTP
+  // master.gate is asked before every call: one refused gets UNAVAILABLE
+  // with its message (a master whose leadership is not confirmed).
   MasterOptions master;
   // The cluster secret's file: every gRPC call must carry a token made with
   // it (store/rpc/call_auth.h), or is refused with UNAUTHENTICATED. Empty:
@@ -39,8 +41,6 @@ struct MasterServerOptions {
   // request: what the process knows beyond this master, such as its role in
   // an election. Empty: none.
   std::function<std::string()> extra_health, extra_metrics;
-  // master.gate is asked before every call: one refused gets UNAVAILABLE
-  // with its message (a master whose leadership is not confirmed).
 };
 
 class MasterServer {
