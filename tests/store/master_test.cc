@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "store/master/service.h"
+#include "store/rpc/master_client.h"
 #include "store_cluster.h"
 
 namespace ferry::store {
@@ -244,6 +245,32 @@ TEST(Master, AwaitedNodesAreWaitedForOneTtlOfService) {
   open = true;
   EXPECT_EQ(m.Exists("k").code(), StatusCode::kUnavailable);
   EXPECT_TRUE(Eventually([&] { return m.Exists("k").code() == StatusCode::kNotFound; }));
+}
+
+// The service records the refusals it makes, not only the tick: with no
+// tick in the test, a call refused after the awaited nodes' window had run
+// out (counted from the start) opens it again for a TTL of service.
+TEST(Master, ACallTheServiceRefusedRestartsTheTtl) {
+  std::atomic<bool> open{false};
+  MasterServerOptions so;
+  so.http_port = -1;
+  so.master = Fast();
+  so.master.tick = Millis(3600 * 1000);
+  so.master.node_ttl = Millis(1000);
+  so.master.awaited_nodes = {"slow:1"};
+  so.master.gate = [&] { return open ? Status::Ok() : Status::Unavailable("not confirmed"); };
+  auto server = MasterServer::Start(so);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  auto client = MasterClient::Connect(server.value()->address(), server.value()->InProcessService(),
+                                      Millis(5000));
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  std::this_thread::sleep_for(Millis(1500));
+  EXPECT_EQ(client.value()->Exists({"k"}).status().code(), StatusCode::kUnavailable);
+  open = true;
+  auto after = client.value()->Exists({"k"});
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  ASSERT_EQ(after.value().size(), 1u);
+  EXPECT_EQ(after.value()[0].code(), StatusCode::kUnavailable) << after.value()[0].ToString();
 }
 
 PutSpec Reserve(uint64_t size) {
