@@ -236,6 +236,8 @@ class Master {
   // Returns the bytes released.
   uint64_t Evict(uint64_t bytes, bool soft);
   void DropNode(const std::string& node, uint64_t generation);
+  // Tick's part: unmounts the nodes silent for a TTL of service (membership.cc).
+  void ExpireSilentNodes(Clock::time_point now);
   // Ends every reservation (freed after the write grace); their bytes.
   uint64_t DropReservations();
 

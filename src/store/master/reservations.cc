@@ -1,6 +1,6 @@
 // Reservations (PutSpec::reserve): space granted ahead of a put, with no key,
 // that its commit names. PutBegin makes them; the tick reclaims the expired
-// and DropNode those on a lost node (master.cc).
+// and DropNode those on a lost node (master.cc, membership.cc).
 #include "store/master/master.h"
 #include "store/master/master_util.h"
 
