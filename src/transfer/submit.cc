@@ -67,10 +67,17 @@ Result<std::unique_ptr<Batch>> Submitter::Submit(std::span<const Request> reqs,
   std::unordered_map<Endpoint*, std::vector<Task>> posts;
   std::vector<std::shared_ptr<Endpoint>> keep;
   std::shared_ptr<gpu::ReadyEvent> ready;
+  // The request before's route and tasks, which the next mostly shares.
+  Router::Memo memo;
+  const Router::Segments::value_type* last_seg = nullptr;
+  std::pair<SegmentId, bool> last_key;
+  Path* last_path = nullptr;
+  std::vector<Task>* last_tasks = nullptr;
   for (size_t i = 0; i < reqs.size(); ++i) {
     const Request& r = reqs[i];
-    const std::shared_ptr<Segment>& seg = segs[r.segment];
-    if (auto it = stale_errors.find(r.segment); it != stale_errors.end()) {
+    if (last_seg == nullptr || r.segment != last_seg->first) last_seg = &*segs.find(r.segment);
+    const std::shared_ptr<Segment>& seg = last_seg->second;
+    if (auto it = stale_errors.find(r.segment); !stale_errors.empty() && it != stale_errors.end()) {
       state->FailRequest(i, it->second);
       continue;
     }
@@ -79,25 +86,31 @@ Result<std::unique_ptr<Batch>> Submitter::Submit(std::span<const Request> reqs,
       state->FailRequest(i, st);
       continue;
     }
-    auto remote = router_.CheckRemote(r, *seg, &refreshed);
+    auto remote = router_.CheckRemote(r, *seg, &refreshed, &memo);
     if (!remote.ok()) {
       state->FailRequest(i, ForRequest(i, remote.status()));
       continue;
     }
-    const Router::Sides sides = router_.GpuSides(r, remote.value());
+    const Router::Sides sides = router_.GpuSides(r, remote.value(), &memo);
     const int gpu_device = sides.device();
     const bool gpu_local = sides.local >= 0;
     const bool gpu = gpu_device >= 0;
-    auto [rit, fresh] = routes.try_emplace({r.segment, gpu});
-    Path& rt = rit->second;
-    if (fresh) {
-      auto got = router_.Route(seg, gpu);
-      if (got.ok()) {
-        rt.route = std::move(got).value();
-      } else {
-        rt.status = got.status();
+    const std::pair<SegmentId, bool> key{r.segment, gpu};
+    if (last_path == nullptr || key != last_key) {
+      auto [rit, fresh] = routes.try_emplace(key);
+      if (fresh) {
+        auto got = router_.Route(seg, gpu);
+        if (got.ok()) {
+          rit->second.route = std::move(got).value();
+        } else {
+          rit->second.status = got.status();
+        }
       }
+      last_key = key;
+      last_path = &rit->second;
+      last_tasks = nullptr;
     }
+    Path& rt = *last_path;
     if (!rt.status.ok()) {
       state->FailRequest(i, rt.status);
       continue;
@@ -116,10 +129,16 @@ Result<std::unique_ptr<Batch>> Submitter::Submit(std::span<const Request> reqs,
     const uint64_t slice = caps.max_task_bytes;
     uint32_t n = static_cast<uint32_t>((r.length + slice - 1) / slice);
     state->Plan(i, n, caps.name);
-    auto& v = posts[rt.route.endpoint.get()];
-    if (v.empty()) keep.push_back(rt.route.endpoint);
+    if (last_tasks == nullptr) {
+      last_tasks = &posts[rt.route.endpoint.get()];
+      if (last_tasks->empty()) {
+        keep.push_back(rt.route.endpoint);
+        last_tasks->reserve(reqs.size() - i);  // mostly enough: one task a request
+      }
+    }
+    auto& v = *last_tasks;
     for (uint64_t off = 0; off < r.length; off += slice) {
-      Task t;
+      Task& t = v.emplace_back();
       t.op = r.op;
       t.local = static_cast<char*>(r.local) + off;
       t.remote = r.remote + off;
@@ -131,7 +150,6 @@ Result<std::unique_ptr<Batch>> Submitter::Submit(std::span<const Request> reqs,
       if (gpu_device >= 0) t.ready = ready;
       t.deadline = deadline;
       t.batch = state;
-      v.push_back(std::move(t));
     }
   }
   for (auto& ep : keep) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -50,6 +51,64 @@ TEST(Gpu, WritesCutOffMidPayloadGiveTheirStagingBack) {
         e.value()->Transfer({Op::kRead, in.data(), seg.value(), p.value().gpu_addr, n}).ok());
     EXPECT_EQ(in, out) << n << " bytes";
   }
+}
+
+// Batches whose requests alternate between host and GPU memory at each
+// end: the submit remembers the buffers it found last (Router::Memo), and
+// each request must still be routed by its own memory, staged or not.
+TEST(Gpu, ABatchMixingHostAndGpuMemoryRoutesEachRequestByItsOwn) {
+  SKIP_WITHOUT_GPU();
+  constexpr size_t kHalf = 1 << 20, kPiece = 64 << 10;
+  auto p = test::StartPeer(2 * kHalf, 0, 0, 2 * kHalf);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  const uint64_t remote_host = p.value().alloc_addr, remote_gpu = p.value().gpu_addr;
+  EngineOptions o;
+  o.transport = "tcp";
+  auto e = Engine::Create(o);
+  ASSERT_TRUE(e.ok());
+  Engine& engine = *e.value();
+  auto dev = gpu::AllocDevice(kHalf, 0);
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  char* d = static_cast<char*>(dev.value());
+  std::vector<char> host(kHalf, 0), out(kHalf), in(kHalf);
+  ASSERT_TRUE(engine.RegisterMemory(d, kHalf).ok());
+  ASSERT_TRUE(engine.RegisterMemory(host.data(), kHalf).ok());
+  auto seg = engine.OpenSegment(p.value().segment);
+  ASSERT_TRUE(seg.ok()) << seg.status().ToString();
+  auto run = [&](std::vector<Request> rs) {
+    auto b = engine.Submit(rs, SubmitOptions{});
+    if (!b.ok()) return b.status();
+    return b.value()->Wait(std::chrono::seconds(30));
+  };
+  // Piece k: local host memory when k is even, GPU memory when odd; remote
+  // host memory when k % 4 < 2, GPU memory otherwise.
+  auto mixed = [&](Op op, uint64_t at) {
+    std::vector<Request> rs;
+    for (size_t off = 0, k = 0; off < kHalf; off += kPiece, ++k) {
+      char* local = (k % 2 == 0 ? host.data() : d) + off;
+      rs.push_back(
+          {op, local, seg.value(), (k % 4 < 2 ? remote_host : remote_gpu) + at + off, kPiece});
+    }
+    return run(rs);
+  };
+  test::FillRandom(out.data(), kHalf, 11);
+  // The first halves of the peer's buffers hold `out`; the mixed read takes
+  // each piece from one of them, the mixed write puts it in a second half.
+  ASSERT_TRUE(run({{Op::kWrite, out.data(), seg.value(), remote_host, kHalf},
+                   {Op::kWrite, out.data(), seg.value(), remote_gpu, kHalf}})
+                  .ok());
+  ASSERT_TRUE(mixed(Op::kRead, 0).ok());
+  ASSERT_TRUE(mixed(Op::kWrite, kHalf).ok());
+  for (uint64_t remote : {remote_host, remote_gpu}) {
+    ASSERT_TRUE(run({{Op::kRead, in.data(), seg.value(), remote + kHalf, kHalf}}).ok());
+    for (size_t off = 0, k = 0; off < kHalf; off += kPiece, ++k) {
+      if ((k % 4 < 2) != (remote == remote_host)) continue;  // that piece went to the other
+      EXPECT_EQ(std::memcmp(in.data() + off, out.data() + off, kPiece), 0)
+          << "piece " << k << (remote == remote_host ? " (host)" : " (GPU)");
+    }
+  }
+  e.value().reset();
+  gpu::FreeDevice(d);
 }
 
 // FERRY_TRACE_FILE over GPU memory at both ends of tcp: each staged chunk's

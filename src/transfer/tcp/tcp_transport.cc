@@ -82,6 +82,11 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
   ~TcpEndpoint() override { Close(); }
 
   void Post(std::vector<Task> tasks) override {
+    // Host memory at both ends, the batch goes whole, not task by task.
+    if (std::none_of(tasks.begin(), tasks.end(),
+                     [](const Task& t) { return t.gpu_local || t.gpu_remote; })) {
+      return host_->Post(std::move(tasks));
+    }
     std::vector<Task> host, gpu;
     host.reserve(tasks.size());
     for (auto& t : tasks) {
