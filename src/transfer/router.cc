@@ -58,13 +58,15 @@ Result<int> Router::CheckRemote(const Request& r, Segment& seg, std::set<Segment
     if (seg.is_self()) {
       auto reg = registry_.Find(r.remote, r.length);
       if (!reg) return std::nullopt;
-      lo = reg->addr, hi = reg->addr + reg->length;
+      lo = reg->addr;
+      hi = reg->addr + reg->length;
       if (reg->kind == gpu::MemoryKind::kDevice) where = std::max(reg->device, 0);
     } else {
       auto d = seg.descriptor();
       const RegionDesc* g = d ? d->Find(r.remote, r.length) : nullptr;
       if (g == nullptr) return std::nullopt;
-      lo = g->addr, hi = g->addr + g->length;
+      lo = g->addr;
+      hi = g->addr + g->length;
       // The peer's device index, where this process sees that many GPUs.
       if (g->kind == static_cast<uint8_t>(gpu::MemoryKind::kDevice)) {
         where = g->device >= 0 && g->device < gpu::DeviceCount() ? g->device : 0;
@@ -72,13 +74,17 @@ Result<int> Router::CheckRemote(const Request& r, Segment& seg, std::set<Segment
     }
     if (memo != nullptr) {
       memo->seg = &seg;
-      memo->remote_lo = lo, memo->remote_hi = hi, memo->remote_where = where;
+      memo->remote_lo = lo;
+      memo->remote_hi = hi;
+      memo->remote_where = where;
     }
     return where;
   };
   if (auto where = find()) return *where;
   // A peer the watch follows has no registration the page has not shown.
   if (!seg.is_self() && !seg.Watched() && refreshed->insert(seg.id()).second) {
+    // What the old descriptor showed may be gone from the new one.
+    if (memo != nullptr && memo->seg == &seg) memo->seg = nullptr;
     FERRY_RETURN_IF_ERROR(peers_.Refresh(seg));
     if (auto where = find()) return *where;
   }
@@ -98,7 +104,8 @@ Router::Sides Router::GpuSides(const Request& r, int remote_device, Memo* memo) 
   if (auto reg = registry_.Find(addr, r.length)) {
     if (reg->kind == gpu::MemoryKind::kDevice) sides.local = std::max(reg->device, 0);
     if (memo != nullptr) {
-      memo->local_lo = reg->addr, memo->local_hi = reg->addr + reg->length;
+      memo->local_lo = reg->addr;
+      memo->local_hi = reg->addr + reg->length;
       memo->local_device = sides.local;
     }
     return sides;

@@ -37,10 +37,11 @@ class Router {
   // OutOfRange when it is not registered.
   //
   // A batch's requests mostly lie in one registered buffer a side, and each
-  // lookup takes a lock and copies what it finds (with the rest of a
-  // submit's loop, about 0.3 µs a request on the H200 machine). `memo`
-  // (null: none), one per submit, keeps the buffers last found at each end;
-  // CheckRemote and GpuSides answer from it when the range lies inside.
+  // lookup takes a lock, and for this process's buffers copies the region
+  // (with the rest of a submit's loop, about 0.3 µs a request on the H200
+  // machine). `memo` (null: none), one per submit, keeps the buffers last
+  // found at each end; CheckRemote and GpuSides answer from it when the
+  // range lies inside. A refetch forgets the remote one.
   struct Memo {
     const Segment* seg = nullptr;  // the remote buffer's segment
     uint64_t remote_lo = 0, remote_hi = 0;

@@ -77,9 +77,11 @@ Result<std::unique_ptr<Batch>> Submitter::Submit(std::span<const Request> reqs,
     const Request& r = reqs[i];
     if (last_seg == nullptr || r.segment != last_seg->first) last_seg = &*segs.find(r.segment);
     const std::shared_ptr<Segment>& seg = last_seg->second;
-    if (auto it = stale_errors.find(r.segment); !stale_errors.empty() && it != stale_errors.end()) {
-      state->FailRequest(i, it->second);
-      continue;
+    if (!stale_errors.empty()) {
+      if (auto it = stale_errors.find(r.segment); it != stale_errors.end()) {
+        state->FailRequest(i, it->second);
+        continue;
+      }
     }
     // Before the range check too, which a restarted target fails otherwise.
     if (Status st = CheckEpoch(i, r, *seg); !st.ok()) {

@@ -82,7 +82,7 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
   ~TcpEndpoint() override { Close(); }
 
   void Post(std::vector<Task> tasks) override {
-    // Host memory at both ends, the batch goes whole, not task by task.
+    // Host memory at both ends: the tasks go on as they came, not split.
     if (std::none_of(tasks.begin(), tasks.end(),
                      [](const Task& t) { return t.gpu_local || t.gpu_remote; })) {
       return host_->Post(std::move(tasks));
