@@ -58,6 +58,43 @@ TEST(Registrations, UnregisteredMemoryIsRefusedAndNewMemoryIsReached) {
   }
 }
 
+// A peer that offers only tcp shares no memfds, so the watch does not follow
+// it: its descriptor is refetched when a request misses. Within one submit,
+// the requests after the refetch are checked against the new descriptor,
+// though an earlier one found their buffer in the old (the submit's memo of
+// the buffer found last must not answer for them): refused before their
+// bytes go, not by the target.
+TEST(Registrations, ARefetchWithinASubmitChecksTheRequestsAfterIt) {
+  EngineOptions o;
+  o.transport = "tcp";
+  auto target = Engine::Create(o).value();
+  auto engine = Engine::Create(o).value();
+  std::vector<char> old_buf(1 << 16, 0), new_buf(1 << 16, 0), data(8192, 0x44);
+  ASSERT_TRUE(target->RegisterMemory(old_buf.data(), old_buf.size()).ok());
+  auto seg = engine->OpenSegment(target->name());
+  ASSERT_TRUE(seg.ok());
+  ASSERT_TRUE(target->UnregisterMemory(old_buf.data()).ok());
+  ASSERT_TRUE(target->RegisterMemory(new_buf.data(), new_buf.size()).ok());
+  const uint64_t old_addr = reinterpret_cast<uint64_t>(old_buf.data());
+  const uint64_t new_addr = reinterpret_cast<uint64_t>(new_buf.data());
+  auto b = engine->Submit(std::vector<Request>{
+      {Op::kWrite, data.data(), seg.value(), old_addr, 4096},  // in the old descriptor
+      {Op::kWrite, data.data(), seg.value(), 4096, 4096},      // a miss, refetched: in neither
+      {Op::kWrite, data.data() + 4096, seg.value(), old_addr + 4096, 4096},
+      {Op::kWrite, data.data(), seg.value(), new_addr, 4096}});  // in the new one
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b.value()->Wait(seconds(10)).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(b.value()->Result(0).status.code(), StatusCode::kOutOfRange);  // the target's check
+  EXPECT_EQ(b.value()->Result(1).status.code(), StatusCode::kOutOfRange);
+  const Status& after = b.value()->Result(2).status;
+  EXPECT_EQ(after.code(), StatusCode::kOutOfRange);
+  EXPECT_NE(after.message().find("is not inside one registered buffer"), std::string::npos)
+      << "refused by the target, after its bytes were sent: " << after.ToString();
+  EXPECT_TRUE(b.value()->Result(3).status.ok()) << b.value()->Result(3).status.ToString();
+  EXPECT_EQ(new_buf[0], 0x44);
+  EXPECT_EQ(std::count(old_buf.begin(), old_buf.end(), 0), static_cast<long>(old_buf.size()));
+}
+
 // The engine's watch follows a same-host peer's registrations with no submit:
 // the cached descriptor, which GetSegmentInfo shows without refetching, gains
 // a buffer registered after the segment was opened and loses one removed.
