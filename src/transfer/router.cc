@@ -16,7 +16,6 @@ namespace ferry {
 
 Status Router::Validate(std::span<const Request> reqs, Segments* segs) const {
   if (reqs.empty()) return Status::InvalidArgument("empty batch");
-  std::optional<SegmentId> last;  // found already; a batch mostly has one segment
   for (size_t i = 0; i < reqs.size(); ++i) {
     const Request& r = reqs[i];
     auto bad = [i](StatusCode code, const std::string& why) {
@@ -27,14 +26,13 @@ Status Router::Validate(std::span<const Request> reqs, Segments* segs) const {
     if (r.op != Op::kRead && r.op != Op::kWrite) {
       return bad(StatusCode::kInvalidArgument, "unknown op");
     }
-    if (r.segment != last && !segs->count(r.segment)) {
+    if (!segs->count(r.segment)) {
       auto seg = peers_.Find(r.segment);
       if (!seg) {
         return bad(StatusCode::kNotFound, "unknown segment " + std::to_string(r.segment));
       }
       segs->emplace(r.segment, std::move(seg));
     }
-    last = r.segment;
   }
   return Status::Ok();
 }
