@@ -238,7 +238,7 @@ int RunInitiator(const BenchArgs& a) {
   const std::string served = kind[0];
 
   std::string ref_name;
-  double ref = 0, ref_each = 0, ref_staged = 0, ref_batched = 0;
+  double ref = 0, ref_each = 0, ref_staged = 0, ref_batched = 0, ref_link = 0;
   int ref_streams = 0;
   // Over tcp, GPU memory included, the bound is the socket; otherwise the copy.
   if (served == "tcp") {
@@ -261,6 +261,12 @@ int RunInitiator(const BenchArgs& a) {
       mem.staged = true;
       ref_staged = ReferenceTcp(ref_host, a.ref_port, op == Op::kWrite, total, a.block_size,
                                 ref_streams, mem);
+      // And the GPU's link alone, its copies as big as the engine's chunks
+      // at least: the most any staged path could move.
+      auto link =
+          gpu::StagingBandwidth(a.gpu_src, a.gpu_dst, std::max<uint64_t>(a.block_size, 1u << 20),
+                                std::min(a.duration, 2.0));
+      ref_link = link.ok() ? link.value() : 0;
     } else if (a.threads == 1) {
       // Host memory: the same streams with the engine's batch boundaries,
       // each batch confirmed before the next, which no stream of bytes pays.
@@ -353,6 +359,12 @@ int RunInitiator(const BenchArgs& a) {
     std::printf("the same raw streams staging GPU memory by hand: %.3f GB/s, ratio %.3f\n",
                 ref_staged, gbps / ref_staged);
   }
+  if (ref_link > 0) {
+    std::printf(
+        "the GPU's link alone, the same bytes copied out of and into GPU memory at once: "
+        "%.3f GB/s, ratio %.3f\n",
+        ref_link, gbps / ref_link);
+  }
   if (ref_batched > 0) {
     std::printf(
         "the same raw streams, each batch confirmed before the next: %.3f GB/s, ratio %.3f\n",
@@ -401,6 +413,10 @@ int RunInitiator(const BenchArgs& a) {
     if (ref_staged > 0) {
       j["reference_staged_gbps"] = ref_staged;
       j["ratio_staged"] = gbps / ref_staged;
+    }
+    if (ref_link > 0) {
+      j["reference_link_gbps"] = ref_link;
+      j["ratio_link"] = gbps / ref_link;
     }
     if (ref_batched > 0) {
       j["reference_batched_gbps"] = ref_batched;

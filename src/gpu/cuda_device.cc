@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <vector>
 
 #include "gpu/cuda_util.h"
 #include "gpu/gpu.h"
@@ -259,6 +260,62 @@ Result<double> CopyBandwidth(int src_device, int dst_device, size_t block, doubl
     return Status::Internal(std::string("reference copy: ") + cudaGetErrorString(err));
   }
   return gbps;
+}
+
+Result<double> StagingBandwidth(int out_device, int in_device, size_t block, double seconds) {
+  if (out_device < 0 && in_device < 0) return Status::InvalidArgument("no GPU end to stage");
+  if (DeviceCount() == 0) return Status::NotSupported(Describe());
+  // One trip each: device to host (out) and host to device (in).
+  struct Trip {
+    int device = -1;
+    bool out = false;
+    void* dev = nullptr;
+    void* host = nullptr;
+    cudaStream_t stream = nullptr;
+  };
+  std::vector<Trip> trips;
+  if (out_device >= 0) trips.push_back({out_device, true});
+  if (in_device >= 0) trips.push_back({in_device, false});
+  cudaError_t err = cudaSuccess;
+  auto each = [&](auto&& step) {
+    for (Trip& t : trips) {
+      if (err != cudaSuccess) return;
+      DeviceGuard guard(t.device);
+      err = step(t);
+    }
+  };
+  auto copy = [&](Trip& t) {
+    return t.out ? cudaMemcpyAsync(t.host, t.dev, block, cudaMemcpyDeviceToHost, t.stream)
+                 : cudaMemcpyAsync(t.dev, t.host, block, cudaMemcpyHostToDevice, t.stream);
+  };
+  auto sync = [](Trip& t) { return cudaStreamSynchronize(t.stream); };
+  each([&](Trip& t) {
+    cudaError_t e = cudaMalloc(&t.dev, block);
+    if (e == cudaSuccess) e = cudaMallocHost(&t.host, block);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&t.stream, cudaStreamNonBlocking);
+    return e;
+  });
+  each(copy);  // warm-up
+  each(sync);
+  uint64_t bytes = 0;
+  double elapsed = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  do {  // at least one round, whatever `seconds`
+    for (int i = 0; i < 8; ++i) each(copy);
+    each(sync);
+    bytes += 8 * block;
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  } while (err == cudaSuccess && elapsed < seconds);
+  for (Trip& t : trips) {
+    DeviceGuard guard(t.device);
+    if (t.stream != nullptr) cudaStreamDestroy(t.stream);
+    if (t.host != nullptr) cudaFreeHost(t.host);
+    if (t.dev != nullptr) cudaFree(t.dev);
+  }
+  if (err != cudaSuccess) {
+    return Status::Internal(std::string("staging reference: ") + cudaGetErrorString(err));
+  }
+  return static_cast<double>(bytes) / elapsed / 1e9;
 }
 
 MemoryInfo Classify(const void* ptr) {

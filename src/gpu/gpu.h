@@ -64,6 +64,14 @@ IpcImportCounts IpcImports();
 Result<double> CopyBandwidth(int src_device, int dst_device, size_t block, double seconds,
                              int per_sync = 8);
 
+// The GPU's side of GPU memory over tcp, without the sockets: GB/s of
+// `block`-byte copies from device `out_device` into page-locked memory and,
+// at the same time on another stream, from page-locked memory into device
+// `in_device` (-1 for either: that trip is not made), counting the bytes of
+// one direction. A staged path cannot move GPU memory faster than this.
+// InvalidArgument when both are -1.
+Result<double> StagingBandwidth(int out_device, int in_device, size_t block, double seconds);
+
 // The staged end of GPU memory's raw tcp reference (`ferry bench transfer`):
 // `block` bytes of device memory at a time are copied to or from one of two
 // page-locked buffers on a private stream, so the copy through one buffer

@@ -181,6 +181,21 @@ TEST(Gpu, BenchSetsGpuTcpAgainstStreamsThatStageByHand) {
     EXPECT_GT(j.value()["reference_gbps"].get<double>(), 0) << "the host streams failed";
     ASSERT_TRUE(j.value().contains("reference_staged_gbps")) << "the staged streams failed";
     EXPECT_GT(j.value()["ratio_staged"].get<double>(), 0);
+    ASSERT_TRUE(j.value().contains("reference_link_gbps")) << "the link's copies failed";
+    EXPECT_GT(j.value()["ratio_link"].get<double>(), 0);
+  }
+}
+
+// The link's ceiling makes both trips at once, or the one asked for, and
+// refuses to measure nothing.
+TEST(Gpu, StagingBandwidthMeasuresTheTripsAskedFor) {
+  EXPECT_EQ(gpu::StagingBandwidth(-1, -1, 1 << 20, 0.1).status().code(),
+            StatusCode::kInvalidArgument);
+  SKIP_WITHOUT_GPU();
+  for (auto [out, in] : {std::pair{0, 0}, std::pair{0, -1}, std::pair{-1, 0}}) {
+    auto r = gpu::StagingBandwidth(out, in, 1 << 20, 0.05);
+    ASSERT_TRUE(r.ok()) << out << " " << in << ": " << r.status().ToString();
+    EXPECT_GT(r.value(), 0);
   }
 }
 
