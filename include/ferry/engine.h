@@ -61,10 +61,12 @@ struct EngineOptions {
   // 2 below 4 cores, else 4 (EffectiveTcpLanes; docs/performance.md has the
   // measurements).
   int tcp_lanes = 0;
-  // Of those, how many carry requests that touch GPU memory, at either end;
+  // Of those, how many carry requests that touch GPU memory at the target;
   // env FERRY_TCP_GPU_LANES. Fewer than tcp_lanes: such requests get lanes of
   // their own, as many as this (GPU memory over tcp was slower on 8 lanes than
   // on 4 on the H200 machine, reads by a quarter, where host memory gained).
+  // Requests whose GPU memory is only here are staged here and take the host
+  // lanes.
   int tcp_gpu_lanes = 4;
   uint64_t tcp_chunk_bytes = 512 << 10;  // slice size over TCP; env FERRY_TCP_CHUNK_BYTES
   // Chunks each lane keeps on the wire; env FERRY_TCP_INFLIGHT. 0: 2 where a

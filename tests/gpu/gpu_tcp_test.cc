@@ -4,10 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -109,6 +112,67 @@ TEST(Gpu, ABatchMixingHostAndGpuMemoryRoutesEachRequestByItsOwn) {
   }
   e.value().reset();
   gpu::FreeDevice(d);
+}
+
+// Loopback connections from this network namespace to `port`, established.
+int ConnectionsTo(uint16_t port) {
+  std::ifstream f("/proc/self/net/tcp");
+  std::string line;
+  std::getline(f, line);  // the header
+  int n = 0;
+  char want[8];
+  std::snprintf(want, sizeof want, ":%04X", port);
+  while (std::getline(f, line)) {
+    std::istringstream in(line);
+    std::string slot, local, remote, state;
+    in >> slot >> local >> remote >> state;
+    if (state == "01" && remote.size() > 5 && remote.substr(remote.size() - 5) == want) ++n;
+  }
+  return n;
+}
+
+// Chunks staged here whose far end is host memory are plain bytes there and
+// take all the host lanes; chunks into GPU memory at the target take the
+// GPU lanes alone, which connect once such a chunk comes.
+TEST(Gpu, ChunksStagedHereTakeTheHostLanes) {
+  SKIP_WITHOUT_GPU();
+  constexpr size_t kChunk = 64 << 10, kBytes = 32 * kChunk;
+  auto p = test::StartPeer(kBytes, 0, 0, kBytes);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EngineOptions o;
+  o.transport = "tcp";
+  o.io_threads = 4;  // more than one: the lanes share a queue
+  o.tcp_lanes = 6;
+  o.tcp_gpu_lanes = 2;
+  o.tcp_chunk_bytes = kChunk;
+  auto e = Engine::Create(o);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  Engine& engine = *e.value();
+  auto dev = gpu::AllocDevice(kBytes, 0);
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  ASSERT_TRUE(engine.RegisterMemory(dev.value(), kBytes).ok());
+  auto seg = engine.OpenSegment(p.value().segment);
+  ASSERT_TRUE(seg.ok()) << seg.status().ToString();
+  const uint16_t port = p.value().port();
+  auto write = [&](uint64_t remote) {
+    for (int round = 0; round < 4; ++round) {
+      Status st = engine.Transfer({Op::kWrite, dev.value(), seg.value(), remote, kBytes});
+      if (!st.ok()) return st;
+    }
+    return Status::Ok();
+  };
+  // A lane connects when it first takes a chunk, and a woken lane may find
+  // the shared queue emptied by another: bounds, not exact counts.
+  ASSERT_TRUE(write(p.value().alloc_addr).ok());
+  const int host_lanes = ConnectionsTo(port);
+  EXPECT_GT(host_lanes, 2) << "GPU memory here only: more than the 2 GPU lanes";
+  EXPECT_LE(host_lanes, 6);
+  ASSERT_TRUE(write(p.value().gpu_addr).ok());
+  const int all = ConnectionsTo(port);
+  EXPECT_GT(all, host_lanes) << "GPU memory there: GPU lanes of their own";
+  EXPECT_LE(all, host_lanes + 2);
+  e.value().reset();
+  gpu::FreeDevice(dev.value());
 }
 
 // FERRY_TRACE_FILE over GPU memory at both ends of tcp: each staged chunk's

@@ -1,8 +1,9 @@
 // The tcp transport: reaches any peer whose listener it can connect to. Each
 // request is sliced into chunks (tcp_chunk_bytes) spread over the peer's lanes
 // (tcp_lanes), each lane keeping tcp_chunks_in_flight on the wire. Chunks that
-// touch GPU memory, at either end, take lanes of their own where
-// tcp_gpu_lanes is the smaller; a lane connects only once it has work.
+// touch GPU memory at the target take lanes of their own where tcp_gpu_lanes
+// is the smaller; those staged here are host bytes to the target and take
+// the host lanes. A lane connects only once it has work.
 // Both ends live here: the initiator's endpoint and lanes (lane.h), and the
 // target side that serves their frames on the engine's listener (target.h).
 #include <algorithm>
@@ -136,6 +137,14 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
     return h;
   }
 
+  // A chunk staged here is plain host bytes to the target: where its memory
+  // there is host memory too, it goes on all the host lanes. The GPU lanes
+  // carry the chunks the target stages, as many as its landing threads and
+  // staging are sized for. On an H100, 1 MiB x 128 with GPU memory here
+  // only: writes 19.05 against 14.33 GB/s on the GPU lanes, reads 22.53
+  // against 20.56 (medians of 3, every round ahead).
+  LaneGroup& LanesFor(const Task& t) const { return t.gpu_remote ? *gpu_ : *host_; }
+
   void Start(Task t, char* buf) {
     auto self = shared_from_this();
     FERRY_TRACE(trace::kStaged, t.remote);
@@ -155,11 +164,11 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
                            // Without it the buffer is held a round trip
                            // longer, to the ack.
                            if (EarlyRelease() & kReleaseOnSend) h.on_sent = release;
-                           self->gpu_->Post({std::move(h)});
+                           self->LanesFor(t).Post({std::move(h)});
                          });
       return;
     }
-    gpu_->Post({StandIn(t, buf, [self, t, buf](const Status& s) {
+    LanesFor(t).Post({StandIn(t, buf, [self, t, buf](const Status& s) {
       if (!s.ok()) {
         self->Release(buf);
         return t.Done(s);
