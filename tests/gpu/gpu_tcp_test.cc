@@ -57,6 +57,13 @@ TEST(Gpu, WritesCutOffMidPayloadGiveTheirStagingBack) {
   }
 }
 
+// One batch, submitted and waited for (30 s at most).
+Status SubmitAndWait(Engine& engine, std::vector<Request> rs) {
+  auto b = engine.Submit(rs, SubmitOptions{});
+  if (!b.ok()) return b.status();
+  return b.value()->Wait(std::chrono::seconds(30));
+}
+
 // Batches whose requests alternate between host and GPU memory at each
 // end: the submit remembers the buffers it found last (Router::Memo), and
 // each request must still be routed by its own memory, staged or not.
@@ -79,11 +86,7 @@ TEST(Gpu, ABatchMixingHostAndGpuMemoryRoutesEachRequestByItsOwn) {
   ASSERT_TRUE(engine.RegisterMemory(host.data(), kHalf).ok());
   auto seg = engine.OpenSegment(p.value().segment);
   ASSERT_TRUE(seg.ok()) << seg.status().ToString();
-  auto run = [&](std::vector<Request> rs) {
-    auto b = engine.Submit(rs, SubmitOptions{});
-    if (!b.ok()) return b.status();
-    return b.value()->Wait(std::chrono::seconds(30));
-  };
+  auto run = [&](std::vector<Request> rs) { return SubmitAndWait(engine, std::move(rs)); };
   // Piece k: local host memory when k is even, GPU memory when odd; remote
   // host memory when k % 4 < 2, GPU memory otherwise.
   auto mixed = [&](Op op, uint64_t at) {
@@ -201,11 +204,7 @@ TEST(Gpu, ChunksOverTheGpuCapWaitTheirTurnAndLandWhole) {
   ASSERT_TRUE(engine.RegisterMemory(d, kPart).ok());
   auto seg = engine.OpenSegment(p.value().segment);
   ASSERT_TRUE(seg.ok()) << seg.status().ToString();
-  auto run = [&](std::vector<Request> rs) {
-    auto b = engine.Submit(rs, SubmitOptions{});
-    if (!b.ok()) return b.status();
-    return b.value()->Wait(std::chrono::seconds(30));
-  };
+  auto run = [&](std::vector<Request> rs) { return SubmitAndWait(engine, std::move(rs)); };
   std::vector<char> out(kPart), in(kPart);
   test::FillRandom(out.data(), kPart, 5);
   ASSERT_TRUE(run({{Op::kWrite, out.data(), seg.value(), remote_gpu, kPart}}).ok());
