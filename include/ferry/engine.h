@@ -78,6 +78,11 @@ struct EngineOptions {
   // most); requests to GPU memory at the target
   // twice this (8 for 0). docs/performance.md has the measurements.
   int tcp_chunks_in_flight = 0;
+  // tcp with a GPU: pinned buffers of tcp_chunk_bytes each that stage GPU
+  // memory here, per peer; env FERRY_TCP_STAGING_BUFFERS (0 to 4096). 0: two
+  // windows of GPU requests for each lane (tcp_lanes x 16, 64 MiB a peer at
+  // 8 lanes); fewer holds less memory and moves less (docs/gpu.md).
+  int tcp_staging_buffers = 0;
   // tcp: every write and read payload carries a CRC-32C, checked at the
   // other end, so bytes corrupted in flight fail their request with
   // ProtocolError instead of landing. Env FERRY_TCP_CHECKSUM (0 or 1).

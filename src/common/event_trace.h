@@ -32,6 +32,8 @@ enum Stage : uint32_t {
   kLandCopyDone = 14,    // its host-to-device copy is seen done
   kTargetAck = 15,       // target: the reply (a write's ack, a read's bytes) is queued
   kTargetReplyOut = 16,  // target: that reply goes into a send
+  kStageAsked = 17,      // initiator: a chunk of GPU memory asks for a staging buffer
+  kStagedEnqueued = 18,  // initiator: its device-to-host copy is enqueued
 };
 
 namespace detail {

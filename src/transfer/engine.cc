@@ -226,6 +226,7 @@ class Engine::Impl {
     FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_TCP_GPU_LANES", &options_.tcp_gpu_lanes));
     FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_TCP_CHUNK_BYTES", &options_.tcp_chunk_bytes));
     FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_TCP_INFLIGHT", &options_.tcp_chunks_in_flight));
+    FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_TCP_STAGING_BUFFERS", &options_.tcp_staging_buffers));
     FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_IO_THREADS", &options_.io_threads));
     FERRY_RETURN_IF_ERROR(BoolFromEnv("FERRY_IO_SHARED", &options_.io_shared));
     FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_IO_SPIN_US", &options_.io_spin_us));

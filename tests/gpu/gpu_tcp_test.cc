@@ -182,42 +182,54 @@ TEST(Gpu, ChunksStagedHereTakeTheHostLanes) {
 // More chunks into GPU memory at the target than may hold staging at once
 // (the GPU lanes' windows), in a batch beside chunks into host memory there,
 // which may take any buffer: those over the cap wait their turn, and every
-// byte lands where it was sent.
+// byte lands where it was sent; and reads into GPU memory here, capped too.
+// The same with fewer buffers than the caps.
 TEST(Gpu, ChunksOverTheGpuCapWaitTheirTurnAndLandWhole) {
   SKIP_WITHOUT_GPU();
   constexpr size_t kPart = 256 << 10;
   auto p = test::StartPeer(kPart, 0, 0, 2 * kPart);
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   const uint64_t remote_host = p.value().alloc_addr, remote_gpu = p.value().gpu_addr;
-  EngineOptions o;
-  o.transport = "tcp";
-  o.io_threads = 2;
-  o.tcp_lanes = 2;
-  o.tcp_gpu_lanes = 1;
-  o.tcp_chunk_bytes = 4096;  // 64 chunks a request; 16 buffers, 8 for GPU memory there
-  auto e = Engine::Create(o);
-  ASSERT_TRUE(e.ok()) << e.status().ToString();
-  Engine& engine = *e.value();
   auto dev = gpu::AllocDevice(kPart, 0);
   ASSERT_TRUE(dev.ok()) << dev.status().ToString();
   char* d = static_cast<char*>(dev.value());
-  ASSERT_TRUE(engine.RegisterMemory(d, kPart).ok());
-  auto seg = engine.OpenSegment(p.value().segment);
-  ASSERT_TRUE(seg.ok()) << seg.status().ToString();
-  auto run = [&](std::vector<Request> rs) { return SubmitAndWait(engine, std::move(rs)); };
-  std::vector<char> out(kPart), in(kPart);
-  test::FillRandom(out.data(), kPart, 5);
-  ASSERT_TRUE(run({{Op::kWrite, out.data(), seg.value(), remote_gpu, kPart}}).ok());
-  ASSERT_TRUE(run({{Op::kRead, d, seg.value(), remote_gpu, kPart}}).ok());
-  ASSERT_TRUE(run({{Op::kWrite, d, seg.value(), remote_host, kPart},
-                   {Op::kWrite, d, seg.value(), remote_gpu + kPart, kPart}})
-                  .ok());
-  for (uint64_t remote : {remote_host, remote_gpu + kPart}) {
+  for (int buffers : {0, 3}) {
+    SCOPED_TRACE("tcp_staging_buffers " + std::to_string(buffers));
+    EngineOptions o;
+    o.transport = "tcp";
+    o.io_threads = 2;
+    o.tcp_lanes = 2;
+    o.tcp_gpu_lanes = 1;
+    o.tcp_chunk_bytes = 4096;  // 64 chunks a request; 32 buffers, 8 for GPU memory there
+    o.tcp_staging_buffers = buffers;
+    auto e = Engine::Create(o);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    Engine& engine = *e.value();
+    ASSERT_TRUE(engine.RegisterMemory(d, kPart).ok());
+    auto seg = engine.OpenSegment(p.value().segment);
+    ASSERT_TRUE(seg.ok()) << seg.status().ToString();
+    auto run = [&](std::vector<Request> rs) { return SubmitAndWait(engine, std::move(rs)); };
+    std::vector<char> out(kPart), in(kPart);
+    test::FillRandom(out.data(), kPart, 5 + buffers);
+    ASSERT_TRUE(run({{Op::kWrite, out.data(), seg.value(), remote_gpu, kPart}}).ok());
+    ASSERT_TRUE(run({{Op::kRead, d, seg.value(), remote_gpu, kPart}}).ok());
+    ASSERT_TRUE(run({{Op::kWrite, d, seg.value(), remote_host, kPart},
+                     {Op::kWrite, d, seg.value(), remote_gpu + kPart, kPart}})
+                    .ok());
+    for (uint64_t remote : {remote_host, remote_gpu + kPart}) {
+      std::fill(in.begin(), in.end(), 0);
+      ASSERT_TRUE(run({{Op::kRead, in.data(), seg.value(), remote, kPart}}).ok());
+      EXPECT_EQ(in, out) << (remote == remote_host ? "host memory there" : "GPU memory there");
+    }
+    // Reads into GPU memory here only have a cap of their own (16 here).
+    test::FillRandom(out.data(), kPart, 50 + buffers);
+    ASSERT_TRUE(run({{Op::kWrite, out.data(), seg.value(), remote_host, kPart}}).ok());
+    ASSERT_TRUE(run({{Op::kRead, d, seg.value(), remote_host, kPart}}).ok());
+    ASSERT_TRUE(run({{Op::kWrite, d, seg.value(), remote_gpu + kPart, kPart}}).ok());
     std::fill(in.begin(), in.end(), 0);
-    ASSERT_TRUE(run({{Op::kRead, in.data(), seg.value(), remote, kPart}}).ok());
-    EXPECT_EQ(in, out) << (remote == remote_host ? "host memory there" : "GPU memory there");
+    ASSERT_TRUE(run({{Op::kRead, in.data(), seg.value(), remote_gpu + kPart, kPart}}).ok());
+    EXPECT_EQ(in, out) << "read into GPU memory here";
   }
-  e.value().reset();
   gpu::FreeDevice(d);
 }
 

@@ -55,6 +55,11 @@ TEST(EngineContract, CreateRefusesWhatItCannotServe) {
   EngineOptions gpu_lanes;
   gpu_lanes.tcp_gpu_lanes = 0;
   EXPECT_EQ(CreateFails(gpu_lanes), StatusCode::kInvalidArgument);
+  for (int buffers : {-1, 4097}) {
+    EngineOptions staging;
+    staging.tcp_staging_buffers = buffers;
+    EXPECT_EQ(CreateFails(staging), StatusCode::kInvalidArgument) << buffers;
+  }
   EngineOptions host;
   host.host = "not-an-address";
   EXPECT_EQ(CreateFails(host), StatusCode::kInvalidArgument);
@@ -74,7 +79,7 @@ TEST(EngineContract, CreateRefusesAMalformedEnvironmentVariable) {
   for (const char* name :
        {"FERRY_TCP_LANES", "FERRY_MAX_CONNECTIONS", "FERRY_MAX_CONNECTIONS_PER_SOURCE",
         "FERRY_STAGING_WRITEBACK", "FERRY_LOG_LEVEL", "FERRY_IO_SHARED", "FERRY_TCP_GPU_LANES",
-        "FERRY_IO_SPIN_US", "FERRY_IO_CPUS"}) {
+        "FERRY_IO_SPIN_US", "FERRY_IO_CPUS", "FERRY_TCP_STAGING_BUFFERS"}) {
     setenv(name, "abc", 1);
     auto e = Engine::Create({});
     unsetenv(name);

@@ -75,15 +75,17 @@ struct LaneGroup {
 class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndpoint> {
  public:
   // `gpu` carries the chunks that touch GPU memory; it may be `host`.
-  // `gpu_cap`: of `staging`'s buffers, the most that chunks into GPU memory
-  // at the target hold at once.
+  // Of `staging`'s buffers, `gpu_cap` is the most that chunks into GPU
+  // memory at the target hold at once, `read_cap` the most that reads into
+  // GPU memory here only do.
   TcpEndpoint(std::shared_ptr<LaneGroup> host, std::shared_ptr<LaneGroup> gpu, gpu::Copier* copier,
-              std::unique_ptr<StagingPool> staging, size_t gpu_cap, ThreadPool* landing)
+              std::unique_ptr<StagingPool> staging, size_t gpu_cap, size_t read_cap,
+              ThreadPool* landing)
       : host_(std::move(host)),
         gpu_(std::move(gpu)),
         copier_(copier),
         staging_(std::move(staging)),
-        gpu_cap_(gpu_cap),
+        caps_{Cap{gpu_cap, 0, {}}, Cap{read_cap, 0, {}}},
         landing_(landing) {}
   ~TcpEndpoint() override { Close(); }
 
@@ -114,17 +116,33 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
   }
 
  private:
-  // A chunk into GPU memory at the target waits here for one of gpu_cap_
-  // places before it takes a buffer: more of them in flight than the GPU
-  // lanes' windows lost (see the pool's size in Connect).
+  // How many of a kind of chunk may hold buffers at once, and those of that
+  // kind waiting for a place.
+  struct Cap {
+    size_t limit;
+    size_t held = 0;           // guarded by cap_mu_
+    std::deque<Task> waiting;  // guarded by cap_mu_
+  };
+
+  // Chunks into GPU memory at the target, and reads into GPU memory here
+  // only, each have a cap below the pool's size: more of them in flight lost
+  // (see the pool's size in Connect). Writes to host memory there take any
+  // buffer.
+  Cap* CapFor(const Task& t) {
+    if (t.gpu_remote) return &caps_[0];
+    return t.op == Op::kRead ? &caps_[1] : nullptr;
+  }
+
+  // A capped chunk waits here for a place before it takes a buffer.
   void Stage(Task t) {
-    if (t.gpu_remote) {
+    FERRY_TRACE(trace::kStageAsked, t.remote);
+    if (Cap* cap = CapFor(t)) {
       std::lock_guard lk(cap_mu_);
-      if (gpu_held_ >= gpu_cap_) {
-        gpu_waiting_.push_back(std::move(t));
+      if (cap->held >= cap->limit) {
+        cap->waiting.push_back(std::move(t));
         return;
       }
-      ++gpu_held_;
+      ++cap->held;
     }
     TakeBuffer(std::move(t));
   }
@@ -135,32 +153,31 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
     });
   }
 
-  // `gpu_remote`: the chunk's place among gpu_cap_ passes to the next one
-  // waiting, or is freed.
-  void Release(char* buf, bool gpu_remote) {
+  // A chunk's buffer; its place under `cap` (CapFor the chunk), if it has
+  // one, passes to the next chunk waiting, or is freed.
+  void Release(char* buf, Cap* cap) {
     staging_->Give(buf);
-    if (!gpu_remote) return;
+    if (cap == nullptr) return;
     Task next;
     {
       std::lock_guard lk(cap_mu_);
-      if (gpu_waiting_.empty()) {
-        --gpu_held_;
+      if (cap->waiting.empty()) {
+        --cap->held;
         return;
       }
-      next = std::move(gpu_waiting_.front());
-      gpu_waiting_.pop_front();
+      next = std::move(cap->waiting.front());
+      cap->waiting.pop_front();
     }
     TakeBuffer(std::move(next));
   }
 
   // Gives `buf` back the first time it runs: a staged write's buffer is
   // free once its bytes are sent or the write has failed, whichever is first.
-  std::shared_ptr<std::function<void()>> ReleaseOnce(char* buf, bool gpu_remote) {
+  std::shared_ptr<std::function<void()>> ReleaseOnce(char* buf, Cap* cap) {
     auto held = std::make_shared<std::atomic<bool>>(true);
-    return std::make_shared<std::function<void()>>(
-        [self = shared_from_this(), buf, gpu_remote, held] {
-          if (held->exchange(false, std::memory_order_acq_rel)) self->Release(buf, gpu_remote);
-        });
+    return std::make_shared<std::function<void()>>([self = shared_from_this(), buf, cap, held] {
+      if (held->exchange(false, std::memory_order_acq_rel)) self->Release(buf, cap);
+    });
   }
 
   // A host task over `buf` that stands in for `t` on the wire.
@@ -190,10 +207,10 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
                          [self, t, buf](const Status& st) {
                            FERRY_TRACE(trace::kStagedCopyDone, t.remote);
                            if (!st.ok()) {
-                             self->Release(buf, t.gpu_remote);
+                             self->Release(buf, self->CapFor(t));
                              return t.Done(st);
                            }
-                           auto release = self->ReleaseOnce(buf, t.gpu_remote);
+                           auto release = self->ReleaseOnce(buf, self->CapFor(t));
                            Task h = self->StandIn(t, buf, [t, release](const Status& s) {
                              (*release)();
                              t.Done(s);
@@ -203,16 +220,17 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
                            if (EarlyRelease() & kReleaseOnSend) h.on_sent = release;
                            self->LanesFor(t).Post({std::move(h)});
                          });
+      FERRY_TRACE(trace::kStagedEnqueued, t.remote);
       return;
     }
     LanesFor(t).Post({StandIn(t, buf, [self, t, buf](const Status& s) {
       if (!s.ok()) {
-        self->Release(buf, t.gpu_remote);
+        self->Release(buf, self->CapFor(t));
         return t.Done(s);
       }
       LandStaged(self->landing_, *self->copier_, t.local, buf, t.length, t.gpu_device, t.ready,
                  [self, t, buf](const Status& s2) {
-                   self->Release(buf, t.gpu_remote);
+                   self->Release(buf, self->CapFor(t));
                    t.Done(s2);
                  });
     })});
@@ -222,10 +240,8 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
   const std::shared_ptr<LaneGroup> gpu_;  // host_ where the lanes are the same
   gpu::Copier* copier_;
   std::unique_ptr<StagingPool> staging_;  // null without a GPU
-  const size_t gpu_cap_;
   std::mutex cap_mu_;
-  size_t gpu_held_ = 0;           // guarded by cap_mu_
-  std::deque<Task> gpu_waiting_;  // guarded by cap_mu_
+  Cap caps_[2];                   // see CapFor
   ThreadPool* landing_;           // see LandStaged; null: inline
 };
 
@@ -270,7 +286,8 @@ class TcpTransport : public Transport {
   Status CheckOptions() const override {
     const EngineOptions& o = ctx_.options;
     if (o.tcp_lanes < 1 || o.tcp_gpu_lanes < 1 || o.tcp_chunks_in_flight < 0 ||
-        o.tcp_chunk_bytes < 4096 || o.tcp_chunk_bytes > (64u << 20)) {
+        o.tcp_chunk_bytes < 4096 || o.tcp_chunk_bytes > (64u << 20) || o.tcp_staging_buffers < 0 ||
+        o.tcp_staging_buffers > 4096) {
       return Status::InvalidArgument("tcp options out of range");
     }
     return Status::Ok();
@@ -329,17 +346,23 @@ class TcpTransport : public Transport {
     auto gpu = gpu_lanes < Lanes(ctx_.options) ? group(gpu_lanes) : host;
     std::unique_ptr<StagingPool> staging;
     if (ctx_.copier != nullptr) {
-      // A window of GPU requests for each lane that may carry staged chunks:
-      // those whose far end is host memory take all the lanes. Each holds a
-      // buffer from its copy until its reply, and the copies wait their turn
-      // (traced on an H100, 1 MiB x 128 with GPU memory here only: 450 us
-      // from staged to copied, 80 more to the send). There, 8 lanes'
-      // windows against 4 lanes' (64 buffers against 32) moved those writes
-      // 17.9 -> 20.7 GB/s and reads into GPU memory here 18.7 -> 20.5, every
-      // round; but with GPU memory at both ends writes lost 19.0 -> 17.4,
-      // so chunks into GPU memory there keep to the GPU lanes' windows.
-      auto pool = StagingPool::Create(static_cast<size_t>(Lanes(ctx_.options) * cfg.gpu_window),
-                                      ctx_.options.tcp_chunk_bytes);
+      // Two windows of GPU requests for each lane that may carry staged
+      // chunks: those whose far end is host memory take all the lanes. Each
+      // holds a buffer from its copy until its reply, and the copies queue
+      // behind one another (traced on an H100, 1 MiB x 128 with GPU memory
+      // here only: 44 of 58 buffers held waited for their copy out). There,
+      // one window a lane against half that (64 buffers against 32) moved
+      // those writes 17.9 -> 20.7 GB/s and reads into GPU memory here 18.7 ->
+      // 20.5, every round; two against one (128 against 64) moved the writes
+      // 21.5 -> 22.6, 22.1 -> 24.1 and 24.0 -> 31.3 on three leases, 9 of 9
+      // rounds ahead, but the reads 20.9 -> 18.8, 3 of 3 behind, so reads
+      // keep to one window a lane (capped, 30.3 -> 30.4).
+      // With GPU memory at both ends one window a lane lost writes 19.0 ->
+      // 17.4, so chunks into GPU memory there keep to the GPU lanes' windows.
+      const int buffers = ctx_.options.tcp_staging_buffers > 0
+                              ? ctx_.options.tcp_staging_buffers
+                              : 2 * Lanes(ctx_.options) * cfg.gpu_window;
+      auto pool = StagingPool::Create(static_cast<size_t>(buffers), ctx_.options.tcp_chunk_bytes);
       if (pool.ok()) {
         staging = std::move(pool).value();
       } else {
@@ -348,7 +371,8 @@ class TcpTransport : public Transport {
     }
     return std::shared_ptr<Endpoint>(std::make_shared<TcpEndpoint>(
         std::move(host), std::move(gpu), ctx_.copier, std::move(staging),
-        static_cast<size_t>(gpu_lanes * cfg.gpu_window), landing_.get()));
+        static_cast<size_t>(gpu_lanes * cfg.gpu_window),
+        static_cast<size_t>(Lanes(ctx_.options) * cfg.gpu_window), landing_.get()));
   }
 
  private:
