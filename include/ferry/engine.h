@@ -79,9 +79,11 @@ struct EngineOptions {
   // twice this (8 for 0). docs/performance.md has the measurements.
   int tcp_chunks_in_flight = 0;
   // tcp with a GPU: pinned buffers of tcp_chunk_bytes each that stage GPU
-  // memory here, per peer; env FERRY_TCP_STAGING_BUFFERS (0 to 4096). 0: two
-  // windows of GPU requests for each lane (tcp_lanes x 16, 64 MiB a peer at
-  // 8 lanes); fewer holds less memory and moves less (docs/gpu.md).
+  // memory here, per peer, made with its first request over tcp; env
+  // FERRY_TCP_STAGING_BUFFERS (0 to 4096). 0: two windows of GPU requests for
+  // each lane (tcp_lanes x 16 at the defaults, 64 MiB a peer on 8 lanes).
+  // Reads into GPU memory here use at most one window a lane. Fewer holds
+  // less memory and moves less (docs/gpu.md).
   int tcp_staging_buffers = 0;
   // tcp: every write and read payload carries a CRC-32C, checked at the
   // other end, so bytes corrupted in flight fail their request with
