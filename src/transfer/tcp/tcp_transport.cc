@@ -85,7 +85,8 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
         gpu_(std::move(gpu)),
         copier_(copier),
         staging_(std::move(staging)),
-        caps_{Cap{gpu_cap, 0, {}}, Cap{read_cap, 0, {}}},
+        gpu_there_{gpu_cap, 0, {}},
+        reads_here_{read_cap, 0, {}},
         landing_(landing) {}
   ~TcpEndpoint() override { Close(); }
 
@@ -129,8 +130,8 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
   // (see the pool's size in Connect). Writes to host memory there take any
   // buffer.
   Cap* CapFor(const Task& t) {
-    if (t.gpu_remote) return &caps_[0];
-    return t.op == Op::kRead ? &caps_[1] : nullptr;
+    if (t.gpu_remote) return &gpu_there_;
+    return t.op == Op::kRead ? &reads_here_ : nullptr;
   }
 
   // A capped chunk waits here for a place before it takes a buffer.
@@ -241,7 +242,7 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
   gpu::Copier* copier_;
   std::unique_ptr<StagingPool> staging_;  // null without a GPU
   std::mutex cap_mu_;
-  Cap caps_[2];                   // see CapFor
+  Cap gpu_there_, reads_here_;    // see CapFor
   ThreadPool* landing_;           // see LandStaged; null: inline
 };
 
@@ -344,6 +345,8 @@ class TcpTransport : public Transport {
     const int gpu_lanes = GpuLanes(ctx_.options);
     auto host = group(Lanes(ctx_.options));
     auto gpu = gpu_lanes < Lanes(ctx_.options) ? group(gpu_lanes) : host;
+    // One window of GPU requests a lane, in staging buffers.
+    const int lane_windows = Lanes(ctx_.options) * cfg.gpu_window;
     std::unique_ptr<StagingPool> staging;
     if (ctx_.copier != nullptr) {
       // Two windows of GPU requests for each lane that may carry staged
@@ -359,9 +362,8 @@ class TcpTransport : public Transport {
       // keep to one window a lane (capped, 30.3 -> 30.4).
       // With GPU memory at both ends one window a lane lost writes 19.0 ->
       // 17.4, so chunks into GPU memory there keep to the GPU lanes' windows.
-      const int buffers = ctx_.options.tcp_staging_buffers > 0
-                              ? ctx_.options.tcp_staging_buffers
-                              : 2 * Lanes(ctx_.options) * cfg.gpu_window;
+      const int buffers = ctx_.options.tcp_staging_buffers > 0 ? ctx_.options.tcp_staging_buffers
+                                                               : 2 * lane_windows;
       auto pool = StagingPool::Create(static_cast<size_t>(buffers), ctx_.options.tcp_chunk_bytes);
       if (pool.ok()) {
         staging = std::move(pool).value();
@@ -371,8 +373,8 @@ class TcpTransport : public Transport {
     }
     return std::shared_ptr<Endpoint>(std::make_shared<TcpEndpoint>(
         std::move(host), std::move(gpu), ctx_.copier, std::move(staging),
-        static_cast<size_t>(gpu_lanes * cfg.gpu_window),
-        static_cast<size_t>(Lanes(ctx_.options) * cfg.gpu_window), landing_.get()));
+        static_cast<size_t>(gpu_lanes * cfg.gpu_window), static_cast<size_t>(lane_windows),
+        landing_.get()));
   }
 
  private:
