@@ -69,6 +69,13 @@ struct EngineOptions {
   // lanes.
   int tcp_gpu_lanes = 4;
   uint64_t tcp_chunk_bytes = 512 << 10;  // slice size over TCP; env FERRY_TCP_CHUNK_BYTES
+  // The slice size of requests with GPU memory at either end, and the size
+  // of the staging buffers at both ends; env FERRY_TCP_GPU_CHUNK_BYTES. Each
+  // such chunk costs a GPU copy of its own: with GPU memory here only, 1 MiB
+  // moved writes 10-18% more than 512 KiB on H100s, where host memory was
+  // even (docs/performance.md). A checksummed write into GPU memory at a
+  // peer whose value is smaller is refused (docs/engine.md).
+  uint64_t tcp_gpu_chunk_bytes = 1 << 20;
   // Chunks each lane keeps on the wire; env FERRY_TCP_INFLIGHT. 0: 2 where a
   // peer's lanes share one chunk queue (more than one io thread), so a
   // batch's chunks wait there for whichever lane frees first instead of
@@ -78,10 +85,10 @@ struct EngineOptions {
   // most); requests to GPU memory at the target
   // twice this (8 for 0). docs/performance.md has the measurements.
   int tcp_chunks_in_flight = 0;
-  // tcp with a GPU: pinned buffers of tcp_chunk_bytes each that stage GPU
-  // memory here, per peer, made with its first request over tcp; env
+  // tcp with a GPU: pinned buffers of tcp_gpu_chunk_bytes each that stage
+  // GPU memory here, per peer, made with its first request over tcp; env
   // FERRY_TCP_STAGING_BUFFERS (0 to 4096). 0: two windows of GPU requests for
-  // each lane (tcp_lanes x 16 at the defaults, 64 MiB a peer on 8 lanes).
+  // each lane (tcp_lanes x 16 at the defaults, 128 MiB a peer on 8 lanes).
   // Reads into GPU memory here use at most one window a lane. Fewer holds
   // less memory and moves less (docs/gpu.md).
   int tcp_staging_buffers = 0;

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <vector>
 
@@ -262,15 +263,18 @@ Result<double> CopyBandwidth(int src_device, int dst_device, size_t block, doubl
   return gbps;
 }
 
-Result<double> StagingBandwidth(int out_device, int in_device, size_t block, double seconds) {
+Result<double> StagingBandwidth(int out_device, int in_device, size_t block, double seconds,
+                                size_t span, const std::function<bool()>& more) {
   if (out_device < 0 && in_device < 0) return Status::InvalidArgument("no GPU end to stage");
   if (DeviceCount() == 0) return Status::NotSupported(Describe());
+  const size_t slots = std::max<size_t>(1, span / block);
   // One trip each: device to host (out) and host to device (in).
   struct Trip {
     int device = -1;
     bool out = false;
     void* dev = nullptr;
-    void* host = nullptr;
+    char* host = nullptr;
+    size_t next = 0;  // the slot of the host region the next copy takes
     cudaStream_t stream = nullptr;
   };
   std::vector<Trip> trips;
@@ -285,13 +289,14 @@ Result<double> StagingBandwidth(int out_device, int in_device, size_t block, dou
     }
   };
   auto copy = [&](Trip& t) {
-    return t.out ? cudaMemcpyAsync(t.host, t.dev, block, cudaMemcpyDeviceToHost, t.stream)
-                 : cudaMemcpyAsync(t.dev, t.host, block, cudaMemcpyHostToDevice, t.stream);
+    char* host = t.host + (t.next++ % slots) * block;
+    return t.out ? cudaMemcpyAsync(host, t.dev, block, cudaMemcpyDeviceToHost, t.stream)
+                 : cudaMemcpyAsync(t.dev, host, block, cudaMemcpyHostToDevice, t.stream);
   };
   auto sync = [](Trip& t) { return cudaStreamSynchronize(t.stream); };
   each([&](Trip& t) {
     cudaError_t e = cudaMalloc(&t.dev, block);
-    if (e == cudaSuccess) e = cudaMallocHost(&t.host, block);
+    if (e == cudaSuccess) e = cudaMallocHost(reinterpret_cast<void**>(&t.host), slots * block);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&t.stream, cudaStreamNonBlocking);
     return e;
   });
@@ -305,7 +310,7 @@ Result<double> StagingBandwidth(int out_device, int in_device, size_t block, dou
     each(sync);
     bytes += 8 * block;
     elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  } while (err == cudaSuccess && elapsed < seconds);
+  } while (err == cudaSuccess && (more ? more() : elapsed < seconds));
   for (Trip& t : trips) {
     DeviceGuard guard(t.device);
     if (t.stream != nullptr) cudaStreamDestroy(t.stream);

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -69,8 +70,13 @@ Result<double> CopyBandwidth(int src_device, int dst_device, size_t block, doubl
 // at the same time on another stream, from page-locked memory into device
 // `in_device` (-1 for either: that trip is not made), counting the bytes of
 // one direction. A staged path cannot move GPU memory faster than this.
-// InvalidArgument when both are -1.
-Result<double> StagingBandwidth(int out_device, int in_device, size_t block, double seconds);
+// InvalidArgument when both are -1. The host end is `span` bytes (at least
+// one block) taken a block at a time in turn, so that a span the size of a
+// staging pool is as far from the CPU's caches as the pool is. With `more`,
+// the copies go on while it returns true, instead of for `seconds`; it is
+// first asked after one round of copies.
+Result<double> StagingBandwidth(int out_device, int in_device, size_t block, double seconds,
+                                size_t span = 0, const std::function<bool()>& more = nullptr);
 
 // The staged end of GPU memory's raw tcp reference (`ferry bench transfer`):
 // `block` bytes of device memory at a time are copied to or from one of two

@@ -24,7 +24,8 @@ Result<std::unique_ptr<StagedPipe>> StagedPipe::Create(int, size_t) {
 Result<double> CopyBandwidth(int, int, size_t, double, int) {
   return Status::NotSupported("built without CUDA");
 }
-Result<double> StagingBandwidth(int out_device, int in_device, size_t, double) {
+Result<double> StagingBandwidth(int out_device, int in_device, size_t, double, size_t,
+                                const std::function<bool()>&) {
   if (out_device < 0 && in_device < 0) return Status::InvalidArgument("no GPU end to stage");
   return Status::NotSupported("built without CUDA");
 }

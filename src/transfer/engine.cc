@@ -225,6 +225,7 @@ class Engine::Impl {
     options_.tcp_lanes = EffectiveTcpLanes(options_.tcp_lanes);
     FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_TCP_GPU_LANES", &options_.tcp_gpu_lanes));
     FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_TCP_CHUNK_BYTES", &options_.tcp_chunk_bytes));
+    FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_TCP_GPU_CHUNK_BYTES", &options_.tcp_gpu_chunk_bytes));
     FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_TCP_INFLIGHT", &options_.tcp_chunks_in_flight));
     FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_TCP_STAGING_BUFFERS", &options_.tcp_staging_buffers));
     FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_IO_THREADS", &options_.io_threads));

@@ -128,7 +128,8 @@ Result<std::unique_ptr<Batch>> Submitter::Submit(std::span<const Request> reqs,
       ready = std::move(rec).value();
     }
     const TransportCaps& caps = rt.route.transport->caps();
-    const uint64_t slice = caps.max_task_bytes;
+    const uint64_t slice =
+        gpu && caps.max_gpu_task_bytes > 0 ? caps.max_gpu_task_bytes : caps.max_task_bytes;
     uint32_t n = static_cast<uint32_t>((r.length + slice - 1) / slice);
     state->Plan(i, n, caps.name);
     if (last_tasks == nullptr) {

@@ -68,6 +68,9 @@ struct TransportCaps {
   const char* name = "";        // the registered name; static storage
   int priority = 0;             // lower is tried first
   uint64_t max_task_bytes = 0;  // requests are sliced to at most this
+  // Requests with GPU memory at either end are sliced to at most this
+  // instead; 0: max_task_bytes.
+  uint64_t max_gpu_task_bytes = 0;
   bool host_memory = true;      // moves requests whose both sides are host memory
   bool gpu_memory = false;      // moves requests with GPU memory on a side
   Reach reach = Reach::kHost;

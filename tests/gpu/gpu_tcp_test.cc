@@ -148,7 +148,10 @@ TEST(Gpu, ChunksStagedHereTakeTheHostLanes) {
   o.io_threads = 4;  // more than one: the lanes share a queue
   o.tcp_lanes = 6;
   o.tcp_gpu_lanes = 2;
-  o.tcp_chunk_bytes = kChunk;
+  // GPU requests are cut by their own size: by the host one, each would be
+  // one chunk, on one lane.
+  o.tcp_chunk_bytes = 4 * kBytes;
+  o.tcp_gpu_chunk_bytes = kChunk;
   auto e = Engine::Create(o);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   Engine& engine = *e.value();
@@ -200,7 +203,7 @@ TEST(Gpu, ChunksOverTheGpuCapWaitTheirTurnAndLandWhole) {
     o.io_threads = 2;
     o.tcp_lanes = 2;
     o.tcp_gpu_lanes = 1;
-    o.tcp_chunk_bytes = 4096;  // 64 chunks a request; 32 buffers, 8 for GPU memory there
+    o.tcp_gpu_chunk_bytes = 4096;  // 64 chunks a request; 32 buffers, 8 for GPU memory there
     o.tcp_staging_buffers = buffers;
     auto e = Engine::Create(o);
     ASSERT_TRUE(e.ok()) << e.status().ToString();
@@ -231,6 +234,44 @@ TEST(Gpu, ChunksOverTheGpuCapWaitTheirTurnAndLandWhole) {
     EXPECT_EQ(in, out) << "read into GPU memory here";
   }
   gpu::FreeDevice(d);
+}
+
+// A peer whose GPU chunks are smaller than ours: our larger chunks into its
+// GPU memory land whole through its smaller staging, one piece after
+// another; checksummed, they are refused, as their pieces would land before
+// the sum was checked, and its memory keeps what it held.
+TEST(Gpu, ChunksLargerThanThePeersStagingLandWholeOrAreRefusedWhole) {
+  SKIP_WITHOUT_GPU();
+  constexpr size_t kBytes = 4 << 20;
+  setenv("FERRY_TCP_GPU_CHUNK_BYTES", "262144", 1);
+  auto p = test::StartPeer(kBytes, 0, 0, kBytes);
+  unsetenv("FERRY_TCP_GPU_CHUNK_BYTES");
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  std::vector<char> out(kBytes), in(kBytes), other(kBytes);
+  test::FillRandom(out.data(), kBytes, 77);
+  test::FillRandom(other.data(), kBytes, 78);
+  for (bool checksum : {false, true}) {
+    SCOPED_TRACE(checksum ? "checksummed" : "plain");
+    EngineOptions o;
+    o.transport = "tcp";
+    o.tcp_checksum = checksum;
+    ASSERT_EQ(o.tcp_gpu_chunk_bytes, 1u << 20) << "the default, larger than the peer's";
+    auto e = Engine::Create(o);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    auto seg = e.value()->OpenSegment(p.value().segment);
+    ASSERT_TRUE(seg.ok()) << seg.status().ToString();
+    const uint64_t there = p.value().gpu_addr;
+    Status st = e.value()->Transfer(
+        {Op::kWrite, (checksum ? other : out).data(), seg.value(), there, kBytes});
+    if (checksum) {
+      EXPECT_EQ(st.code(), StatusCode::kNotSupported) << st.ToString();
+    } else {
+      ASSERT_TRUE(st.ok()) << st.ToString();
+    }
+    std::fill(in.begin(), in.end(), 0);
+    ASSERT_TRUE(e.value()->Transfer({Op::kRead, in.data(), seg.value(), there, kBytes}).ok());
+    EXPECT_EQ(in, out);
+  }
 }
 
 // FERRY_TRACE_FILE over GPU memory at both ends of tcp: each staged chunk's
@@ -305,6 +346,9 @@ TEST(Gpu, BenchSetsGpuTcpAgainstStreamsThatStageByHand) {
     EXPECT_GT(j.value()["ratio_staged"].get<double>(), 0);
     ASSERT_TRUE(j.value().contains("reference_link_gbps")) << "the link's copies failed";
     EXPECT_GT(j.value()["ratio_link"].get<double>(), 0);
+    ASSERT_TRUE(j.value().contains("link_pool_beside_streams_gbps")) << "the shared link failed";
+    EXPECT_GT(j.value()["link_pool_alone_gbps"].get<double>(), 0);
+    EXPECT_GT(j.value()["streams_beside_link_gbps"].get<double>(), 0);
   }
 }
 
@@ -319,6 +363,17 @@ TEST(Gpu, StagingBandwidthMeasuresTheTripsAskedFor) {
     ASSERT_TRUE(r.ok()) << out << " " << in << ": " << r.status().ToString();
     EXPECT_GT(r.value(), 0);
   }
+}
+
+// With `more`, the copies go on exactly while it says so, whatever
+// `seconds`, over a host span of several blocks.
+TEST(Gpu, StagingBandwidthCopiesWhileAskedTo) {
+  SKIP_WITHOUT_GPU();
+  int asked = 0;
+  auto r = gpu::StagingBandwidth(0, -1, 1 << 20, 100.0, 4 << 20, [&asked] { return ++asked < 5; });
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_GT(r.value(), 0);
+  EXPECT_EQ(asked, 5);
 }
 
 }  // namespace

@@ -60,6 +60,11 @@ TEST(EngineContract, CreateRefusesWhatItCannotServe) {
     staging.tcp_staging_buffers = buffers;
     EXPECT_EQ(CreateFails(staging), StatusCode::kInvalidArgument) << buffers;
   }
+  for (uint64_t bytes : {uint64_t{4095}, uint64_t{64 << 20} + 1}) {
+    EngineOptions chunks;
+    chunks.tcp_gpu_chunk_bytes = bytes;
+    EXPECT_EQ(CreateFails(chunks), StatusCode::kInvalidArgument) << bytes;
+  }
   EngineOptions host;
   host.host = "not-an-address";
   EXPECT_EQ(CreateFails(host), StatusCode::kInvalidArgument);
@@ -79,7 +84,8 @@ TEST(EngineContract, CreateRefusesAMalformedEnvironmentVariable) {
   for (const char* name :
        {"FERRY_TCP_LANES", "FERRY_MAX_CONNECTIONS", "FERRY_MAX_CONNECTIONS_PER_SOURCE",
         "FERRY_STAGING_WRITEBACK", "FERRY_LOG_LEVEL", "FERRY_IO_SHARED", "FERRY_TCP_GPU_LANES",
-        "FERRY_IO_SPIN_US", "FERRY_IO_CPUS", "FERRY_TCP_STAGING_BUFFERS"}) {
+        "FERRY_IO_SPIN_US", "FERRY_IO_CPUS", "FERRY_TCP_STAGING_BUFFERS",
+        "FERRY_TCP_GPU_CHUNK_BYTES"}) {
     setenv(name, "abc", 1);
     auto e = Engine::Create({});
     unsetenv(name);

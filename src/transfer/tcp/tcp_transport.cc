@@ -1,5 +1,6 @@
 // The tcp transport: reaches any peer whose listener it can connect to. Each
-// request is sliced into chunks (tcp_chunk_bytes) spread over the peer's lanes
+// request is sliced into chunks (tcp_chunk_bytes; tcp_gpu_chunk_bytes where
+// GPU memory is at either end) spread over the peer's lanes
 // (tcp_lanes), each lane keeping tcp_chunks_in_flight on the wire. Chunks that
 // touch GPU memory at the target take lanes of their own where tcp_gpu_lanes
 // is the smaller; those staged here are host bytes to the target and take
@@ -264,6 +265,7 @@ class TcpTransport : public Transport {
     caps_.name = kName;
     caps_.priority = 30;
     caps_.max_task_bytes = ctx.options.tcp_chunk_bytes;
+    caps_.max_gpu_task_bytes = ctx.options.tcp_gpu_chunk_bytes;
     caps_.gpu_memory = ctx.copier != nullptr;  // local GPU memory, through staging
     caps_.reach = Reach::kNetwork;
     caps_.target_stages_gpu = true;  // the target side stages its GPU memory
@@ -274,7 +276,7 @@ class TcpTransport : public Transport {
       if (landing > 0) landing_ = std::make_unique<ThreadPool>(landing, "ferry-landing");
     }
     TcpTarget::Config tc;
-    tc.staging_bytes = ctx.options.tcp_chunk_bytes;
+    tc.staging_bytes = ctx.options.tcp_gpu_chunk_bytes;
     // One peer's lanes, each with the window of requests to GPU memory as far
     // as a connection can use it; 16 at least, 64 at most.
     const size_t per_lane = std::min<size_t>(
@@ -287,8 +289,9 @@ class TcpTransport : public Transport {
   Status CheckOptions() const override {
     const EngineOptions& o = ctx_.options;
     if (o.tcp_lanes < 1 || o.tcp_gpu_lanes < 1 || o.tcp_chunks_in_flight < 0 ||
-        o.tcp_chunk_bytes < 4096 || o.tcp_chunk_bytes > (64u << 20) || o.tcp_staging_buffers < 0 ||
-        o.tcp_staging_buffers > 4096) {
+        o.tcp_chunk_bytes < 4096 || o.tcp_chunk_bytes > (64u << 20) ||
+        o.tcp_gpu_chunk_bytes < 4096 || o.tcp_gpu_chunk_bytes > (64u << 20) ||
+        o.tcp_staging_buffers < 0 || o.tcp_staging_buffers > 4096) {
       return Status::InvalidArgument("tcp options out of range");
     }
     return Status::Ok();
@@ -364,7 +367,8 @@ class TcpTransport : public Transport {
       // 17.4, so chunks into GPU memory there keep to the GPU lanes' windows.
       const int buffers = ctx_.options.tcp_staging_buffers > 0 ? ctx_.options.tcp_staging_buffers
                                                                : 2 * lane_windows;
-      auto pool = StagingPool::Create(static_cast<size_t>(buffers), ctx_.options.tcp_chunk_bytes);
+      auto pool =
+          StagingPool::Create(static_cast<size_t>(buffers), ctx_.options.tcp_gpu_chunk_bytes);
       if (pool.ok()) {
         staging = std::move(pool).value();
       } else {
