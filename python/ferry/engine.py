@@ -175,14 +175,17 @@ class TransferEngine:
     else no authentication. `metadata`: "p2p" (descriptors from each peer's
     listener), or "etcd://host:port[,host:port]/CLUSTER": the engine publishes
     itself in etcd under a lease of `metadata_ttl` seconds (None: 10, or
-    $FERRY_METADATA_TTL_S) and finds peers there."""
+    $FERRY_METADATA_TTL_S) and finds peers there. The `tcp_*`, `io_threads` and
+    `copy_threads` knobs are EngineOptions' (docs/engine.md); 0 keeps the
+    default, and a value out of range raises InvalidArgument."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *,
                  transport: Optional[str] = None, metadata: str = "p2p",
                  request_timeout: Optional[float] = None,
                  connect_timeout: Optional[float] = None, tcp_lanes: int = 0,
                  tcp_chunk_bytes: int = 0, tcp_chunks_in_flight: int = 0,
-                 io_threads: int = 0, copy_threads: int = 0,
+                 tcp_gpu_lanes: int = 0, tcp_gpu_chunk_bytes: int = 0,
+                 tcp_staging_buffers: int = 0, io_threads: int = 0, copy_threads: int = 0,
                  auth_key_file: Optional[str] = None,
                  metadata_ttl: Optional[int] = None) -> None:
         if metadata_ttl is not None and int(metadata_ttl) < 1:
@@ -190,7 +193,9 @@ class TransferEngine:
         self._engine = _ferry.Engine(
             host=host, port=port, metadata=metadata, transport=transport or "",
             tcp_lanes=tcp_lanes, tcp_chunk_bytes=tcp_chunk_bytes,
-            tcp_chunks_in_flight=tcp_chunks_in_flight, io_threads=io_threads,
+            tcp_chunks_in_flight=tcp_chunks_in_flight, tcp_gpu_lanes=tcp_gpu_lanes,
+            tcp_gpu_chunk_bytes=tcp_gpu_chunk_bytes, tcp_staging_buffers=tcp_staging_buffers,
+            io_threads=io_threads,
             copy_threads=copy_threads, request_timeout_ms=_millis(request_timeout),
             connect_timeout_ms=_millis(connect_timeout), auth_key_file=auth_key_file or "",
             metadata_ttl_s=int(metadata_ttl or 0))

@@ -103,9 +103,11 @@ class PyEngine {
 std::unique_ptr<PyEngine> CreateEngine(const std::string& host, int port,
                                        const std::string& metadata, const std::string& transport,
                                        int tcp_lanes, uint64_t tcp_chunk_bytes,
-                                       int tcp_chunks_in_flight, int io_threads, int copy_threads,
-                                       int64_t request_timeout_ms, int64_t connect_timeout_ms,
-                                       const std::string& auth_key_file, int64_t metadata_ttl_s) {
+                                       int tcp_chunks_in_flight, int tcp_gpu_lanes,
+                                       uint64_t tcp_gpu_chunk_bytes, int tcp_staging_buffers,
+                                       int io_threads, int copy_threads, int64_t request_timeout_ms,
+                                       int64_t connect_timeout_ms, const std::string& auth_key_file,
+                                       int64_t metadata_ttl_s) {
   if (port < 0 || port > 65535) RaiseInvalid("port must be in [0, 65535]");
   ferry::EngineOptions o;
   o.host = host;
@@ -116,6 +118,9 @@ std::unique_ptr<PyEngine> CreateEngine(const std::string& host, int port,
   if (tcp_lanes > 0) o.tcp_lanes = tcp_lanes;
   if (tcp_chunk_bytes > 0) o.tcp_chunk_bytes = tcp_chunk_bytes;
   if (tcp_chunks_in_flight > 0) o.tcp_chunks_in_flight = tcp_chunks_in_flight;
+  if (tcp_gpu_lanes > 0) o.tcp_gpu_lanes = tcp_gpu_lanes;
+  if (tcp_gpu_chunk_bytes > 0) o.tcp_gpu_chunk_bytes = tcp_gpu_chunk_bytes;
+  if (tcp_staging_buffers != 0) o.tcp_staging_buffers = tcp_staging_buffers;
   o.io_threads = io_threads;
   if (copy_threads > 0) o.copy_threads = copy_threads;
   if (request_timeout_ms > 0) o.request_timeout = Millis(request_timeout_ms);
@@ -230,9 +235,11 @@ PYBIND11_MODULE(_ferry, m) {
       .def(py::init(&CreateEngine), py::arg("host") = "127.0.0.1", py::arg("port") = 0,
            py::arg("metadata") = "p2p", py::arg("transport") = "", py::arg("tcp_lanes") = 0,
            py::arg("tcp_chunk_bytes") = 0, py::arg("tcp_chunks_in_flight") = 0,
-           py::arg("io_threads") = 0, py::arg("copy_threads") = 0,
-           py::arg("request_timeout_ms") = 0, py::arg("connect_timeout_ms") = 0,
-           py::arg("auth_key_file") = "", py::arg("metadata_ttl_s") = 0)
+           py::arg("tcp_gpu_lanes") = 0, py::arg("tcp_gpu_chunk_bytes") = 0,
+           py::arg("tcp_staging_buffers") = 0, py::arg("io_threads") = 0,
+           py::arg("copy_threads") = 0, py::arg("request_timeout_ms") = 0,
+           py::arg("connect_timeout_ms") = 0, py::arg("auth_key_file") = "",
+           py::arg("metadata_ttl_s") = 0)
       .def_property_readonly("name", [](const PyEngine& e) { return e.Get().name(); })
       .def_property_readonly("epoch", [](const PyEngine& e) { return e.Get().epoch(); })
       .def_property_readonly("auth_failures",

@@ -187,6 +187,21 @@ def test_closed_engine_and_handle_raise(spawn_peer):
         ferry.TransferEngine(port=70000)
 
 
+def test_tcp_knobs_apply_and_out_of_range_ones_raise(spawn_peer):
+    # In range, host memory still moves (GPU chunks and staging are not its);
+    # out of range, the engine is refused, so the knobs reach EngineOptions.
+    peer = spawn_peer("--transport", "tcp")
+    with ferry.TransferEngine(transport="tcp", tcp_gpu_lanes=2, tcp_gpu_chunk_bytes=1 << 16,
+                              tcp_staging_buffers=8) as engine:
+        data = pattern(12, 4096)
+        engine.write(peer.name, data, peer.buffers["numpy"])
+        assert peer.digest("numpy", 0, 4096) == sha(data)
+    for bad in ({"tcp_gpu_chunk_bytes": 1000}, {"tcp_gpu_chunk_bytes": (64 << 20) + 1},
+                {"tcp_staging_buffers": 5000}, {"tcp_staging_buffers": -1}):
+        with pytest.raises(ferry.InvalidArgument, match="tcp options"):
+            ferry.TransferEngine(**bad)
+
+
 def test_error_class_per_status_code():
     seen = set()
     for code in range(1, 17):
