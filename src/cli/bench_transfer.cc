@@ -23,6 +23,7 @@
 #include "cli/bench_util.h"
 #include "cli/cli.h"
 #include "cli/transfer_reference.h"
+#include "common/cache.h"
 #include "common/clock.h"
 #include "common/cpu_quota.h"
 #include "common/env.h"
@@ -142,9 +143,11 @@ int RunTarget(const BenchArgs& a, uint64_t bytes) {
 // leaves the other of the host's memory and PCIe, which a staged path makes
 // them share. The link's copies walk a staging pool's worth of page-locked
 // memory (the initiator's default pool, 64 MiB), first alone for a second.
-// GB/s; all 0 when any part cannot run.
+// With GPU memory at the destination, also copies in from blocks the CPU has
+// just written, as landings are, written back or not (`in_written*`). GB/s;
+// all 0 when any part cannot run.
 struct LinkShare {
-  double alone = 0, beside = 0, streams = 0;
+  double alone = 0, beside = 0, streams = 0, in_written_back = 0, in_written = 0;
 };
 LinkShare LinkBesideStreams(const BenchArgs& a, const std::string& host, uint64_t total,
                             int streams, const RefMemory& mem) {
@@ -170,7 +173,16 @@ LinkShare LinkBesideStreams(const BenchArgs& a, const std::string& host, uint64_
   phase.store(2);
   copies.join();
   if (tcp == 0 || link == 0) return {};
-  return {alone.value(), link, tcp};
+  LinkShare share{alone.value(), link, tcp};
+  if (a.gpu_dst >= 0) {
+    auto back = gpu::CopyInFromWrittenBandwidth(a.gpu_dst, block, 0.5, true);
+    auto dirty = gpu::CopyInFromWrittenBandwidth(a.gpu_dst, block, 0.5, false);
+    if (back.ok() && dirty.ok()) {
+      share.in_written_back = back.value();
+      share.in_written = dirty.value();
+    }
+  }
+  return share;
 }
 
 int RunInitiator(const BenchArgs& a) {
@@ -410,6 +422,12 @@ int RunInitiator(const BenchArgs& a) {
         "memory, %.3f GB/s while the streams moved %.3f\n",
         share.alone, share.beside, share.streams);
   }
+  if (share.in_written > 0) {
+    std::printf(
+        "copies into the GPU from host blocks just written: %.3f GB/s, %.3f with the "
+        "staging's write-back (mode %d)\n",
+        share.in_written, share.in_written_back, DmaWriteBackMode());
+  }
   if (ref_batched > 0) {
     std::printf(
         "the same raw streams, each batch confirmed before the next: %.3f GB/s, ratio %.3f\n",
@@ -467,6 +485,11 @@ int RunInitiator(const BenchArgs& a) {
       j["link_pool_alone_gbps"] = share.alone;
       j["link_pool_beside_streams_gbps"] = share.beside;
       j["streams_beside_link_gbps"] = share.streams;
+    }
+    if (share.in_written > 0) {
+      j["copy_in_written_gbps"] = share.in_written;
+      j["copy_in_written_back_gbps"] = share.in_written_back;
+      j["dma_write_back_mode"] = DmaWriteBackMode();
     }
     if (ref_batched > 0) {
       j["reference_batched_gbps"] = ref_batched;

@@ -1,6 +1,7 @@
 #include "common/cache.h"
 
 #include <cstdint>
+#include <string>
 
 #include "common/env.h"
 
@@ -14,10 +15,11 @@ namespace {
 constexpr const char* kWriteBackEnv = "FERRY_STAGING_WRITEBACK";
 
 #if defined(__x86_64__)
-bool HasClwb() {
+// CPUID.(EAX=7,ECX=0):EBX[bit]: 24 is CLWB, 23 CLFLUSHOPT.
+bool HasLeaf7Ebx(int bit) {
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
-  return (b >> 24) & 1;  // CPUID.(EAX=7,ECX=0):EBX[24]
+  return (b >> bit) & 1;
 }
 
 constexpr uintptr_t kLine = 64;
@@ -29,23 +31,57 @@ __attribute__((target("clwb"))) void Clwb(const void* p, size_t n) {
   __builtin_ia32_sfence();  // the write-backs are ordered before the DMA is started
 }
 
+__attribute__((target("clflushopt"))) void ClflushOpt(const void* p, size_t n) {
+  auto a = reinterpret_cast<uintptr_t>(p) & ~(kLine - 1);
+  const auto end = reinterpret_cast<uintptr_t>(p) + n;
+  for (; a < end; a += kLine) __builtin_ia32_clflushopt(reinterpret_cast<void*>(a));
+  __builtin_ia32_sfence();
+}
+
 #endif
+
+Result<int64_t> ModeFromEnv() {
+  FERRY_ASSIGN_OR_RETURN(int64_t v, env::GetInt(kWriteBackEnv, 1));
+  if (v < 0 || v > 2) {
+    return Status::InvalidArgument(std::string(kWriteBackEnv) + " must be 0, 1 or 2, not " +
+                                   std::to_string(v));
+  }
+  return v;
+}
 
 }  // namespace
 
+int DmaWriteBackMode() {
+#if defined(__x86_64__)
+  static const int mode = [] {
+    Result<int64_t> v = ModeFromEnv();
+    const int want = v.ok() ? static_cast<int>(v.value()) : 1;
+    if (want == 2) return HasLeaf7Ebx(23) ? 2 : 0;
+    return want == 1 && HasLeaf7Ebx(24) ? 1 : 0;
+  }();
+  return mode;
+#else
+  return 0;
+#endif
+}
+
 void WriteBackForDma(const void* p, size_t n) {
 #if defined(__x86_64__)
-  static const bool on = HasClwb() && [] {
-    Result<int64_t> v = env::GetInt(kWriteBackEnv, 1);
-    return !v.ok() || v.value() != 0;
-  }();
-  if (on && n > 0) Clwb(p, n);
+  if (n == 0) return;
+  switch (DmaWriteBackMode()) {
+    case 1:
+      return Clwb(p, n);
+    case 2:
+      return ClflushOpt(p, n);
+    default:
+      return;
+  }
 #else
   (void)p;
   (void)n;
 #endif
 }
 
-Status CheckWriteBackEnv() { return env::GetInt(kWriteBackEnv, 1).status(); }
+Status CheckWriteBackEnv() { return ModeFromEnv().status(); }
 
 }  // namespace ferry

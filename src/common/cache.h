@@ -20,9 +20,13 @@ namespace ferry {
 // on the sending side, measured worse.)
 //
 // Does nothing where the CPU has no CLWB, or with FERRY_STAGING_WRITEBACK=0
-// (read once per process, so it applies to every engine in it).
+// (read once per process, so it applies to every engine in it). With 2 it
+// evicts the lines instead (CLFLUSHOPT, where the CPU has it), so the DMA
+// reads them from memory: an experiment, for hosts other than the H200's.
 void WriteBackForDma(const void* p, size_t n);
-// InvalidArgument when FERRY_STAGING_WRITEBACK is set but not an integer, so
+// What WriteBackForDma does in this process: 0 nothing, 1 write back, 2 evict.
+int DmaWriteBackMode();
+// InvalidArgument when FERRY_STAGING_WRITEBACK is set but not 0, 1 or 2, so
 // that Engine::Create refuses it; WriteBackForDma treats such a value as unset.
 Status CheckWriteBackEnv();
 

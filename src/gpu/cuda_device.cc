@@ -12,6 +12,7 @@
 #include <mutex>
 #include <vector>
 
+#include "common/cache.h"
 #include "gpu/cuda_util.h"
 #include "gpu/gpu.h"
 
@@ -321,6 +322,60 @@ Result<double> StagingBandwidth(int out_device, int in_device, size_t block, dou
     return Status::Internal(std::string("staging reference: ") + cudaGetErrorString(err));
   }
   return static_cast<double>(bytes) / elapsed / 1e9;
+}
+
+Result<double> CopyInFromWrittenBandwidth(int device, size_t block, double seconds,
+                                          bool write_back) {
+  if (DeviceCount() == 0) return Status::NotSupported(Describe());
+  if (device < 0 || device >= DeviceCount()) return Status::InvalidArgument("no such GPU");
+  constexpr int kRound = 8;
+  DeviceGuard guard(device);
+  char* host = nullptr;
+  void* dev = nullptr;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t begin = nullptr, end = nullptr;
+  cudaError_t err = cudaMalloc(&dev, block);
+  if (err == cudaSuccess) err = cudaMallocHost(reinterpret_cast<void**>(&host), kRound * block);
+  if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  if (err == cudaSuccess) err = cudaEventCreate(&begin);
+  if (err == cudaSuccess) err = cudaEventCreate(&end);
+  uint64_t bytes = 0;
+  double gpu_s = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int round = 0; err == cudaSuccess; ++round) {
+    // Written as a receive leaves them: every line dirty in this CPU's cache.
+    for (int i = 0; i < kRound; ++i) {
+      char* b = host + static_cast<size_t>(i) * block;
+      std::memset(b, round + i, block);
+      if (write_back) WriteBackForDma(b, block);
+    }
+    err = cudaEventRecord(begin, stream);
+    for (int i = 0; err == cudaSuccess && i < kRound; ++i) {
+      err = cudaMemcpyAsync(dev, host + static_cast<size_t>(i) * block, block,
+                            cudaMemcpyHostToDevice, stream);
+    }
+    if (err == cudaSuccess) err = cudaEventRecord(end, stream);
+    if (err == cudaSuccess) err = cudaEventSynchronize(end);
+    float ms = 0;
+    if (err == cudaSuccess) err = cudaEventElapsedTime(&ms, begin, end);
+    if (err != cudaSuccess) break;
+    if (round == 0) continue;  // warm-up
+    gpu_s += ms / 1e3;
+    bytes += kRound * block;
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() >= seconds) {
+      break;
+    }
+  }
+  if (end != nullptr) cudaEventDestroy(end);
+  if (begin != nullptr) cudaEventDestroy(begin);
+  if (stream != nullptr) cudaStreamDestroy(stream);
+  if (host != nullptr) cudaFreeHost(host);
+  if (dev != nullptr) cudaFree(dev);
+  if (err != cudaSuccess) {
+    return Status::Internal(std::string("copy-in reference: ") + cudaGetErrorString(err));
+  }
+  if (gpu_s <= 0) return Status::Internal("copy-in reference: no copy was timed");
+  return static_cast<double>(bytes) / gpu_s / 1e9;
 }
 
 MemoryInfo Classify(const void* ptr) {

@@ -78,6 +78,15 @@ Result<double> CopyBandwidth(int src_device, int dst_device, size_t block, doubl
 Result<double> StagingBandwidth(int out_device, int in_device, size_t block, double seconds,
                                 size_t span = 0, const std::function<bool()>& more = nullptr);
 
+// GB/s of `block`-byte copies into device `device` from page-locked blocks
+// this thread has just written, as a socket receive writes a landing's
+// staging, then passed to WriteBackForDma (common/cache.h) when
+// `write_back`: the DMA's reads of lines a CPU holds. Timed on the GPU, so
+// the CPU's writing is not counted. Beside StagingBandwidth's untouched
+// blocks, it tells whether copies in slow down for such lines.
+Result<double> CopyInFromWrittenBandwidth(int device, size_t block, double seconds,
+                                          bool write_back);
+
 // The staged end of GPU memory's raw tcp reference (`ferry bench transfer`):
 // `block` bytes of device memory at a time are copied to or from one of two
 // page-locked buffers on a private stream, so the copy through one buffer

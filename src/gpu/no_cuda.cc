@@ -24,6 +24,10 @@ Result<std::unique_ptr<StagedPipe>> StagedPipe::Create(int, size_t) {
 Result<double> CopyBandwidth(int, int, size_t, double, int) {
   return Status::NotSupported("built without CUDA");
 }
+Result<double> CopyInFromWrittenBandwidth(int, size_t, double, bool) {
+  return Status::NotSupported("built without CUDA");
+}
+
 Result<double> StagingBandwidth(int out_device, int in_device, size_t, double, size_t,
                                 const std::function<bool()>&) {
   if (out_device < 0 && in_device < 0) return Status::InvalidArgument("no GPU end to stage");

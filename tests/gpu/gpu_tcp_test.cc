@@ -349,6 +349,8 @@ TEST(Gpu, BenchSetsGpuTcpAgainstStreamsThatStageByHand) {
     ASSERT_TRUE(j.value().contains("link_pool_beside_streams_gbps")) << "the shared link failed";
     EXPECT_GT(j.value()["link_pool_alone_gbps"].get<double>(), 0);
     EXPECT_GT(j.value()["streams_beside_link_gbps"].get<double>(), 0);
+    ASSERT_TRUE(j.value().contains("copy_in_written_gbps")) << "GPU memory at the destination";
+    EXPECT_GT(j.value()["copy_in_written_back_gbps"].get<double>(), 0);
   }
 }
 
@@ -363,6 +365,20 @@ TEST(Gpu, StagingBandwidthMeasuresTheTripsAskedFor) {
     ASSERT_TRUE(r.ok()) << out << " " << in << ": " << r.status().ToString();
     EXPECT_GT(r.value(), 0);
   }
+}
+
+// Copies in from just-written blocks are timed, with the write-back and
+// without, and a device that is not there is an error, not a rate.
+TEST(Gpu, CopyInFromWrittenBandwidthTimesBothWays) {
+  SKIP_WITHOUT_GPU();
+  for (bool write_back : {true, false}) {
+    auto r = gpu::CopyInFromWrittenBandwidth(0, 1 << 20, 0.05, write_back);
+    ASSERT_TRUE(r.ok()) << write_back << ": " << r.status().ToString();
+    EXPECT_GT(r.value(), 0);
+  }
+  EXPECT_EQ(
+      gpu::CopyInFromWrittenBandwidth(gpu::DeviceCount(), 1 << 20, 0.05, true).status().code(),
+      StatusCode::kInvalidArgument);
 }
 
 // With `more`, the copies go on exactly while it says so, whatever

@@ -1,0 +1,68 @@
+// WriteBackForDma's modes (FERRY_STAGING_WRITEBACK): each leaves the bytes
+// as they were, and the mode a process runs is the one it asked for where the
+// CPU has the instruction.
+#include "common/cache.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <vector>
+
+namespace ferry {
+namespace {
+
+bool CpuHas(int mode) {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (mode == 1) return __builtin_cpu_supports("clwb");
+  if (mode == 2) return __builtin_cpu_supports("clflushopt");
+#endif
+  (void)mode;
+  return false;
+}
+
+// The mode is read once a process, so each runs in a child of its own: its
+// exit code is the mode it ran, or 9 when the bytes changed.
+int ModeInAChild(const char* value) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setenv("FERRY_STAGING_WRITEBACK", value, 1);
+    std::vector<unsigned char> buf(300001);
+    for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<unsigned char>(i * 7);
+    WriteBackForDma(buf.data() + 3, buf.size() - 3);  // unaligned at both ends
+    for (size_t i = 0; i < buf.size(); ++i) {
+      if (buf[i] != static_cast<unsigned char>(i * 7)) _exit(9);
+    }
+    _exit(DmaWriteBackMode());
+  }
+  int status = 0;
+  if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
+
+TEST(DmaWriteBack, EachModeKeepsTheBytesAndRunsWhereTheCpuCan) {
+  EXPECT_EQ(ModeInAChild("0"), 0);
+  EXPECT_EQ(ModeInAChild("1"), CpuHas(1) ? 1 : 0);
+  EXPECT_EQ(ModeInAChild("2"), CpuHas(2) ? 2 : 0);
+}
+
+TEST(DmaWriteBack, OnlyZeroOneOrTwoAreAccepted) {
+  for (const char* bad : {"3", "-1", "evict"}) {
+    setenv("FERRY_STAGING_WRITEBACK", bad, 1);
+    Status st = CheckWriteBackEnv();
+    unsetenv("FERRY_STAGING_WRITEBACK");
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(st.message().find("FERRY_STAGING_WRITEBACK"), std::string::npos) << st.ToString();
+  }
+  for (const char* good : {"0", "1", "2"}) {
+    setenv("FERRY_STAGING_WRITEBACK", good, 1);
+    Status st = CheckWriteBackEnv();
+    unsetenv("FERRY_STAGING_WRITEBACK");
+    EXPECT_TRUE(st.ok()) << good << ": " << st.ToString();
+  }
+}
+
+}  // namespace
+}  // namespace ferry
