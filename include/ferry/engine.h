@@ -72,7 +72,7 @@ struct EngineOptions {
   // The slice size of requests with GPU memory at either end, and the size
   // of the staging buffers at both ends; env FERRY_TCP_GPU_CHUNK_BYTES. Each
   // such chunk costs a GPU copy of its own: with GPU memory here only, 1 MiB
-  // moved writes 10-18% more than 512 KiB on H100s, where host memory was
+  // moved writes 1-18% more than 512 KiB on four H100s, where host memory was
   // even (docs/performance.md). A checksummed write into GPU memory at a
   // peer whose value is smaller is refused (docs/engine.md).
   uint64_t tcp_gpu_chunk_bytes = 1 << 20;
