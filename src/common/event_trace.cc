@@ -36,11 +36,10 @@ class Log {
 
   bool on() const { return on_; }
 
-  void Add(Stage stage, uint64_t key) {
+  void Add(Stage stage, uint64_t key, int64_t ns) {
     const size_t i = next_.fetch_add(1, std::memory_order_relaxed);
     if (i >= kCapacity) return;
-    const auto now = std::chrono::steady_clock::now().time_since_epoch();
-    events_[i] = {std::chrono::duration_cast<std::chrono::nanoseconds>(now).count(), stage, key};
+    events_[i] = {ns, stage, key};
   }
 
  private:
@@ -74,6 +73,12 @@ namespace detail {
 bool on = TheLog().on();
 }  // namespace detail
 
-void Mark(Stage stage, uint64_t key) { TheLog().Add(stage, key); }
+int64_t NowNs() {
+  const auto now = std::chrono::steady_clock::now().time_since_epoch();
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(now).count();
+}
+
+void Mark(Stage stage, uint64_t key) { TheLog().Add(stage, key, NowNs()); }
+void MarkAt(Stage stage, uint64_t key, int64_t ns) { TheLog().Add(stage, key, ns); }
 
 }  // namespace ferry::trace

@@ -34,6 +34,17 @@ enum Stage : uint32_t {
   kTargetReplyOut = 16,  // target: that reply goes into a send
   kStageAsked = 17,      // initiator: a chunk of GPU memory asks for a staging buffer
   kStagedEnqueued = 18,  // initiator: its device-to-host copy is enqueued
+  // A copy into GPU memory (key: its destination) begins and ends on the
+  // GPU: times the GPU's events gave, put on the steady clock by an anchor
+  // event the copier timed when it was made (a few us either way).
+  kGpuCopyInStart = 19,
+  kGpuCopyInEnd = 20,
+  // The copier's completion thread (key: a span in ns, marked at its end):
+  // away between two looks with copies pending, in one look's CUDA
+  // queries, in one look's done callbacks. Only spans over 30 us.
+  kCopierAway = 21,
+  kCopierQueries = 22,
+  kCopierCallbacks = 23,
 };
 
 namespace detail {
@@ -42,6 +53,9 @@ extern bool on;  // set once, at static initialization
 
 inline bool On() { return detail::on; }
 void Mark(Stage stage, uint64_t key);
+// A mark at a time taken earlier, or elsewhere: steady clock ns (NowNs).
+void MarkAt(Stage stage, uint64_t key, int64_t ns);
+int64_t NowNs();
 
 // Marks only when tracing is on.
 #define FERRY_TRACE(stage, key)                                                        \

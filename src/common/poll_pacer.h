@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "common/clock.h"
+#include "common/env.h"
 
 namespace ferry {
 
@@ -35,9 +36,30 @@ class PollPacer {
     if (progressed) last_progress_ = now;
     if (progressed || !pending) return;
     if (now - last_progress_ < kHot) {
-      std::this_thread::yield();
+      HotPause();
     } else {
       sleep(kIdleSleep);
+    }
+  }
+
+  // Between two looks while hot. FERRY_POLL_HOT picks how: 0 (default)
+  // yields; 1 spins about a microsecond, keeping the core; 2 sleeps about 2
+  // us. A yield to a busy thread on the same core can leave the poller off
+  // it until the scheduler's next tick, where a sleeper that wakes may take
+  // the core back at once.
+  static void HotPause() {
+    static const int mode = static_cast<int>(env::GetIntIn("FERRY_POLL_HOT", 0, 2, 0));
+    if (mode == 1) {
+      const auto until = Clock::now() + std::chrono::microseconds(1);
+      while (Clock::now() < until) {
+#if defined(__x86_64__)
+        __builtin_ia32_pause();
+#endif
+      }
+    } else if (mode == 2) {
+      std::this_thread::sleep_for(std::chrono::microseconds(2));
+    } else {
+      std::this_thread::yield();
     }
   }
 

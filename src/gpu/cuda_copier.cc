@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/env.h"
+#include "common/event_trace.h"
 #include "common/log.h"
 #include "common/poll_pacer.h"
 #include "common/thread_name.h"
@@ -31,6 +32,9 @@ struct DevicePool {
   std::atomic<size_t> next{0};
   std::mutex mu;
   std::vector<cudaEvent_t> free_events;  // guarded by mu
+  // Traced runs only: an event whose GPU time is known on the steady clock.
+  cudaEvent_t anchor = nullptr;
+  int64_t anchor_ns = 0;
 };
 
 constexpr int kStreamsPerDevice = 4;
@@ -43,6 +47,42 @@ cudaError_t StreamDevice(cudaStream_t s, int* device) {
   cudaGetLastError();  // not sticky; clear it before the fallback
   return cudaGetDevice(device);
 }
+
+// Traced runs: where the completion thread's time goes while copies are
+// pending. Marks, with the span in ns as the key, a look whose CUDA queries
+// or done callbacks took over 30 us in all, and a gap of over 30 us between
+// a look that left copies pending and the next.
+class LookTimer {
+ public:
+  void LookStarts() {
+    if (!trace::On()) return;
+    const int64_t now = trace::NowNs();
+    if (pending_ && now - end_ > kSlow) trace::MarkAt(trace::kCopierAway, now - end_, now);
+    query_ns_ = call_ns_ = 0;
+  }
+  void Query() { Start(); }
+  void Queried() { Stop(&query_ns_); }
+  void Call() { Start(); }
+  void Called() { Stop(&call_ns_); }
+  void LookEnds(bool pending) {
+    if (!trace::On()) return;
+    end_ = trace::NowNs();
+    pending_ = pending;
+    if (query_ns_ > kSlow) trace::MarkAt(trace::kCopierQueries, query_ns_, end_);
+    if (call_ns_ > kSlow) trace::MarkAt(trace::kCopierCallbacks, call_ns_, end_);
+  }
+
+ private:
+  static constexpr int64_t kSlow = 30'000;
+  void Start() {
+    if (trace::On()) at_ = trace::NowNs();
+  }
+  void Stop(int64_t* sum) {
+    if (trace::On()) *sum += trace::NowNs() - at_;
+  }
+  int64_t at_ = 0, end_ = 0, query_ns_ = 0, call_ns_ = 0;
+  bool pending_ = false;
+};
 
 }  // namespace
 
@@ -82,15 +122,19 @@ class CudaCopier : public Copier {
       }
       for (int i = 0; err == cudaSuccess && i < kEventsPerDevice; ++i) {
         cudaEvent_t e;
-        err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+        err = cudaEventCreateWithFlags(&e, event_flags_);
         if (err == cudaSuccess) pool->free_events.push_back(e);
       }
+      if (err == cudaSuccess && trace::On()) err = Anchor(*pool);
       pools_.push_back(std::move(pool));
       if (err != cudaSuccess) return CudaError(err, "creating the GPU stream and event pools");
     }
     // Copies between GPUs (cuda_ipc to a peer's other GPU) go device to device.
     for (int a = 0; a < n; ++a) {
       for (int b = 0; b < n; ++b) EnablePeerAccess(a, b);
+    }
+    if (cudaError_t err = MakeFlags(); err != cudaSuccess) {
+      return CudaError(err, "allocating the copier's completion words");
     }
     poller_ = std::thread([this] {
       NameThisThread("ferry-copier");
@@ -111,7 +155,9 @@ class CudaCopier : public Copier {
       DeviceGuard guard(static_cast<int>(d));
       for (auto s : pools_[d]->streams) cudaStreamDestroy(s);
       for (auto e : pools_[d]->free_events) cudaEventDestroy(e);
+      if (pools_[d]->anchor != nullptr) cudaEventDestroy(pools_[d]->anchor);
     }
+    if (flags_ != nullptr) cudaFreeHost(flags_);
   }
 
   Result<std::shared_ptr<ReadyEvent>> RecordReady(void* stream) override {
@@ -138,9 +184,15 @@ class CudaCopier : public Copier {
     cudaStream_t s = pool.streams[pool.next.fetch_add(1) % pool.streams.size()];
     cudaError_t err = cudaSuccess;
     if (ready) err = cudaStreamWaitEvent(s, ready->event, 0);
+    cudaEvent_t start = nullptr;
+    if (err == cudaSuccess && trace::On()) start = StartTimed(dst, device, s);
     if (err == cudaSuccess) err = cudaMemcpyAsync(dst, src, length, cudaMemcpyDefault, s);
-    if (err != cudaSuccess) return done(CudaError(err, "enqueueing a GPU copy"));
-    Track(s, device, std::move(ready), std::move(done));
+    if (err != cudaSuccess) {
+      if (start != nullptr) GiveEvent(device, start);
+      return done(CudaError(err, "enqueueing a GPU copy"));
+    }
+    Track(s, device, std::move(ready), std::move(done), true, start,
+          reinterpret_cast<uint64_t>(dst));
   }
 
   void CopyManyAsync(std::vector<Copy> copies, int device,
@@ -184,9 +236,12 @@ class CudaCopier : public Copier {
         continue;
       }
       if (dones.empty()) continue;
-      Track(s, device, ready, [each = std::move(dones)](const Status& st) {
-        for (const auto& done : each) done(st);
-      });
+      Track(
+          s, device, ready,
+          [each = std::move(dones)](const Status& st) {
+            for (const auto& done : each) done(st);
+          },
+          true);
     }
   }
 
@@ -284,24 +339,116 @@ class CudaCopier : public Copier {
     int device;
     std::shared_ptr<ReadyEvent> ready;  // kept until the copy that waits on it is done
     std::function<void(const Status&)> done;
+    cudaEvent_t start;  // traced copies into GPU memory: recorded just before the copy
+    uint64_t key;
+    int slot = -1;  // FERRY_COPY_FLAGS: the word the stream writes `value` to once done
+    uint32_t value = 0;
   };
 
   // Records a completion event on `s` and hands it to the completion thread,
   // which runs `done` once the work enqueued so far has finished.
+  // `own`: `s` is one of the copier's streams, whose device is current.
   void Track(cudaStream_t s, int device, std::shared_ptr<ReadyEvent> ready,
-             std::function<void(const Status&)> done) {
+             std::function<void(const Status&)> done, bool own = false, cudaEvent_t start = nullptr,
+             uint64_t key = 0) {
     auto e = TakeEvent(device);
-    if (!e.ok()) return done(e.status());
-    cudaError_t err = cudaEventRecord(e.value(), s);
-    if (err != cudaSuccess) {
-      GiveEvent(device, e.value());
-      return done(CudaError(err, "recording completion"));
+    cudaError_t err = e.ok() ? cudaEventRecord(e.value(), s) : cudaSuccess;
+    if (!e.ok() || err != cudaSuccess) {
+      if (e.ok()) GiveEvent(device, e.value());
+      if (start != nullptr) GiveEvent(device, start);
+      return done(e.ok() ? CudaError(err, "recording completion") : e.status());
+    }
+    Pending p{e.value(), s, device, std::move(ready), std::move(done), start, key};
+    {
+      std::lock_guard lk(mu_);
+      if (own && !free_slots_.empty()) {
+        p.slot = free_slots_.back();
+        free_slots_.pop_back();
+        p.value = ++flag_value_;
+      }
+    }
+    // The flag goes after the event: a flag seen means the event is done too.
+    if (p.slot >= 0 &&
+        write_value_(static_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(&flags_[p.slot]),
+                     p.value, CU_STREAM_WRITE_VALUE_DEFAULT) != CUDA_SUCCESS) {
+      std::lock_guard lk(mu_);
+      free_slots_.push_back(p.slot);
+      p.slot = -1;
     }
     {
       std::lock_guard lk(mu_);
-      pending_.push_back({e.value(), s, device, std::move(ready), std::move(done)});
+      pending_.push_back(std::move(p));
     }
     cv_.notify_one();
+  }
+
+  // FERRY_COPY_FLAGS=1: each tracked copy's stream also writes a page-locked
+  // word when it is done, so the completion thread sees most completions by
+  // reading memory, not by a CUDA call that takes the driver's locks beside
+  // the threads enqueueing copies. Errors still come from the event.
+  cudaError_t MakeFlags() {
+    if (env::GetIntIn("FERRY_COPY_FLAGS", 0, 1, 0) == 0 || write_value_ == nullptr) {
+      return cudaSuccess;
+    }
+    cudaError_t err = cudaMallocHost(reinterpret_cast<void**>(&flags_), kFlags * sizeof(uint32_t));
+    if (err != cudaSuccess) return err;
+    for (int i = 0; i < kFlags; ++i) {
+      flags_[i] = 0;
+      free_slots_.push_back(i);
+    }
+    return cudaSuccess;
+  }
+
+  // Whether a pending copy may be done: its flag is written, or it has none,
+  // or its flag has not moved for a while (a failed copy never writes it).
+  bool MayBeDone(const Pending& p, bool sweep) const {
+    if (p.slot < 0 || sweep) return true;
+    return __atomic_load_n(&flags_[p.slot], __ATOMIC_ACQUIRE) == p.value;
+  }
+
+  // Traced runs: the GPU's time of an event recorded now on an idle stream,
+  // on the steady clock (the middle of the record and its sync: a few us).
+  cudaError_t Anchor(DevicePool& pool) {
+    cudaError_t err = cudaEventCreateWithFlags(&pool.anchor, cudaEventDefault);
+    const int64_t before = trace::NowNs();
+    if (err == cudaSuccess) err = cudaEventRecord(pool.anchor, pool.streams[0]);
+    if (err == cudaSuccess) err = cudaEventSynchronize(pool.anchor);
+    pool.anchor_ns = before + (trace::NowNs() - before) / 2;
+    return err;
+  }
+
+  // Traced runs: an event on `s` just before a copy into GPU memory, or null
+  // for other copies (their destinations are not the trace's keys).
+  cudaEvent_t StartTimed(void* dst, int device, cudaStream_t s) {
+    cudaPointerAttributes attr{};
+    if (cudaPointerGetAttributes(&attr, dst) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    if (attr.type != cudaMemoryTypeDevice) return nullptr;
+    auto e = TakeEvent(device);
+    if (!e.ok()) return nullptr;
+    if (cudaEventRecord(e.value(), s) != cudaSuccess) {
+      GiveEvent(device, e.value());
+      return nullptr;
+    }
+    return e.value();
+  }
+
+  // Traced runs: a finished timed copy's GPU start and end, as marks.
+  void MarkTimed(const Pending& p) {
+    const DevicePool& pool = *pools_[static_cast<size_t>(p.device)];
+    // From the anchor a float of ms loses a few us after a minute; the
+    // copy's own length is timed apart.
+    float since_ms = 0, copy_ms = 0;
+    if (cudaEventElapsedTime(&since_ms, pool.anchor, p.start) != cudaSuccess ||
+        cudaEventElapsedTime(&copy_ms, p.start, p.event) != cudaSuccess) {
+      cudaGetLastError();
+      return;
+    }
+    const int64_t start = pool.anchor_ns + static_cast<int64_t>(double{since_ms} * 1e6);
+    trace::MarkAt(trace::kGpuCopyInStart, p.key, start);
+    trace::MarkAt(trace::kGpuCopyInEnd, p.key, start + static_cast<int64_t>(double{copy_ms} * 1e6));
   }
 
   Result<cudaEvent_t> TakeEvent(int device) {
@@ -318,7 +465,7 @@ class CudaCopier : public Copier {
     // synchronize the device.
     DeviceGuard guard(device);
     cudaEvent_t e;
-    cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    cudaError_t err = cudaEventCreateWithFlags(&e, event_flags_);
     if (err != cudaSuccess) return CudaError(err, "growing the event pool");
     return e;
   }
@@ -333,15 +480,20 @@ class CudaCopier : public Copier {
   void Poll() {
     std::deque<Pending> mine;
     std::vector<cudaStream_t> blocked;
+    std::vector<int> freed;
     PollPacer pacer;
+    LookTimer timer;
+    auto last_sweep = Clock::now();
     for (;;) {
       {
         std::unique_lock lk(mu_);
+        free_slots_.insert(free_slots_.end(), freed.begin(), freed.end());
+        freed.clear();
         if (mine.empty() && pending_.empty() && !stopping_ && pacer.Hot()) {
           // Right after progress the next copy is likely close: looking
           // again beats a wake-up from the condition variable.
           lk.unlock();
-          std::this_thread::yield();
+          PollPacer::HotPause();
           continue;
         }
         if (mine.empty()) cv_.wait(lk, [&] { return stopping_ || !pending_.empty(); });
@@ -356,27 +508,51 @@ class CudaCopier : public Copier {
       // driver's locks with threads that are enqueueing copies.
       bool progressed = false;
       blocked.clear();
+      timer.LookStarts();
+      // Flags or not, every event is queried now and then: a failed copy
+      // writes no flag.
+      const bool sweep = Clock::now() - last_sweep > kSweep;
+      if (sweep) last_sweep = Clock::now();
       for (auto it = mine.begin(); it != mine.end();) {
-        if (std::find(blocked.begin(), blocked.end(), it->stream) != blocked.end()) {
+        if (std::find(blocked.begin(), blocked.end(), it->stream) != blocked.end() ||
+            !MayBeDone(*it, sweep)) {
+          if (it->slot >= 0) blocked.push_back(it->stream);
           ++it;
           continue;
         }
+        timer.Query();
         cudaError_t err = cudaEventQuery(it->event);
+        timer.Queried();
         if (err == cudaErrorNotReady) {
           blocked.push_back(it->stream);
           ++it;
           continue;
         }
+        if (it->slot >= 0) freed.push_back(it->slot);
         Status st = err == cudaSuccess ? Status::Ok() : CudaError(err, "GPU copy");
+        if (it->start != nullptr) {
+          if (err == cudaSuccess) MarkTimed(*it);
+          GiveEvent(it->device, it->start);
+        }
         GiveEvent(it->device, it->event);
         auto done = std::move(it->done);
         it = mine.erase(it);
+        timer.Call();
         done(st);
+        timer.Called();
         progressed = true;
       }
+      timer.LookEnds(!mine.empty());
       pacer.AfterLook(progressed, !mine.empty(), [](auto d) { std::this_thread::sleep_for(d); });
     }
   }
+
+  // FERRY_COPY_FLAGS: words of page-locked memory, one per tracked copy at a time.
+  static constexpr int kFlags = 4096;
+  static constexpr auto kSweep = std::chrono::milliseconds(1);
+  uint32_t* flags_ = nullptr;
+  std::vector<int> free_slots_;  // guarded by mu_
+  uint32_t flag_value_ = 0;      // guarded by mu_
 
   std::vector<std::unique_ptr<DevicePool>> pools_;
   std::mutex mu_;
@@ -386,6 +562,8 @@ class CudaCopier : public Copier {
   std::thread poller_;
   WaitValueFn wait_value_ = nullptr;
   WriteValueFn write_value_ = nullptr;
+  // Timing costs an event a little; only traced runs use it.
+  const unsigned event_flags_ = trace::On() ? cudaEventDefault : cudaEventDisableTiming;
   // FERRY_COPY_BATCH (default 1): a stream's share of a batch of copies is
   // enqueued in one call (EnqueueBatch); 0 enqueues each copy alone.
   std::atomic<bool> batch_copies_{env::GetIntIn("FERRY_COPY_BATCH", 0, 1, 1) == 1};

@@ -276,7 +276,9 @@ TEST(Gpu, ChunksLargerThanThePeersStagingLandWholeOrAreRefusedWhole) {
 
 // FERRY_TRACE_FILE over GPU memory at both ends of tcp: each staged chunk's
 // copy is seen done, and at the target each chunk is announced, received,
-// written back, copied to the device and acked.
+// written back, copied to the device and acked; that copy is also timed on
+// the GPU, its end no earlier than its start and no later than its being
+// seen done.
 TEST(Gpu, TracesTheStagedPathOfGpuMemoryOverTcp) {
   SKIP_WITHOUT_GPU();
   char dir[] = "/tmp/ferry-trace-XXXXXX";
@@ -297,6 +299,55 @@ TEST(Gpu, TracesTheStagedPathOfGpuMemoryOverTcp) {
                      trace::kLandCopyDone, trace::kTargetAck}) {
     EXPECT_EQ(n[stage], n[trace::kStaged]) << "stage " << stage;
   }
+  EXPECT_EQ(n[trace::kGpuCopyInStart], n[trace::kStaged]);
+  EXPECT_EQ(n[trace::kGpuCopyInEnd], n[trace::kStaged]);
+  std::map<uint64_t, long long> start, end;
+  for (const auto& e : events) {
+    if (e.stage == trace::kGpuCopyInStart) start[e.key] = e.ns;
+    if (e.stage == trace::kGpuCopyInEnd) end[e.key] = e.ns;
+    if (e.stage == trace::kLandCopyDone && end.count(e.key) > 0) {
+      // The anchor between the clocks is good to a few us either way.
+      EXPECT_LE(end[e.key], e.ns + 100'000) << "a copy seen done before it ended on the GPU";
+    }
+  }
+  for (const auto& [key, ns] : end) EXPECT_LE(start[key], ns);
+}
+
+// FERRY_COPY_FLAGS=1: completions seen through the words the copier's
+// streams write, at both ends (the peer inherits the setting). GPU chunks
+// go both ways and land whole; a missed flag would only delay a copy to the
+// next sweep of its events, which the bench measures, not this test.
+TEST(Gpu, CopiesSeenDoneByTheirFlagsLandWhole) {
+  SKIP_WITHOUT_GPU();
+  constexpr size_t kBytes = 4 << 20;
+  setenv("FERRY_COPY_FLAGS", "1", 1);
+  auto p = test::StartPeer(kBytes, 0, 0, kBytes);
+  EngineOptions o;
+  o.transport = "tcp";
+  o.tcp_gpu_chunk_bytes = 64 << 10;
+  auto e = Engine::Create(o);
+  unsetenv("FERRY_COPY_FLAGS");
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  auto dev = gpu::AllocDevice(kBytes, 0);
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  ASSERT_TRUE(e.value()->RegisterMemory(dev.value(), kBytes).ok());
+  auto seg = e.value()->OpenSegment(p.value().segment);
+  ASSERT_TRUE(seg.ok()) << seg.status().ToString();
+  std::vector<char> out(kBytes), in(kBytes);
+  for (int round = 0; round < 3; ++round) {
+    test::FillRandom(out.data(), kBytes, 900 + round);
+    const uint64_t there = p.value().gpu_addr, host_there = p.value().alloc_addr;
+    ASSERT_TRUE(e.value()->Transfer({Op::kWrite, out.data(), seg.value(), there, kBytes}).ok());
+    ASSERT_TRUE(e.value()->Transfer({Op::kRead, dev.value(), seg.value(), there, kBytes}).ok());
+    ASSERT_TRUE(
+        e.value()->Transfer({Op::kWrite, dev.value(), seg.value(), host_there, kBytes}).ok());
+    std::fill(in.begin(), in.end(), 0);
+    ASSERT_TRUE(e.value()->Transfer({Op::kRead, in.data(), seg.value(), host_there, kBytes}).ok());
+    EXPECT_EQ(in, out) << "round " << round;
+  }
+  e.value().reset();
+  gpu::FreeDevice(dev.value());
 }
 
 // The bench's hand-staged reference: blocks stored through one buffer come

@@ -78,7 +78,7 @@ std::vector<TraceEvent> ReadTrace(const std::string& dir) {
     long long ns;
     unsigned stage;
     std::string key;
-    while (in >> ns >> stage >> key) events.push_back({ns, stage});
+    while (in >> ns >> stage >> key) events.push_back({ns, stage, std::stoull(key, nullptr, 16)});
   }
   std::sort(events.begin(), events.end(),
             [](const TraceEvent& a, const TraceEvent& b) { return a.ns < b.ns; });

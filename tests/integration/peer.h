@@ -43,6 +43,7 @@ Result<nlohmann::json> RunBench(std::vector<std::string> args);
 struct TraceEvent {
   long long ns;
   unsigned stage;
+  uint64_t key;
 };
 std::vector<TraceEvent> ReadTrace(const std::string& dir);
 
