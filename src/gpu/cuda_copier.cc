@@ -359,25 +359,22 @@ class CudaCopier : public Copier {
       return done(e.ok() ? CudaError(err, "recording completion") : e.status());
     }
     Pending p{e.value(), s, device, std::move(ready), std::move(done), start, key};
+    int slot = -1;
+    uint32_t value = 0;
     {
       std::lock_guard lk(mu_);
-      if (own && !free_slots_.empty()) {
-        p.slot = free_slots_.back();
+      if (own && flags_ != nullptr && !free_slots_.empty()) {
+        p.slot = slot = free_slots_.back();
         free_slots_.pop_back();
-        p.value = ++flag_value_;
+        p.value = value = ++flag_value_;
       }
-    }
-    // The flag goes after the event: a flag seen means the event is done too.
-    if (p.slot >= 0 &&
-        write_value_(static_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(&flags_[p.slot]),
-                     p.value, CU_STREAM_WRITE_VALUE_DEFAULT) != CUDA_SUCCESS) {
-      std::lock_guard lk(mu_);
-      free_slots_.push_back(p.slot);
-      p.slot = -1;
-    }
-    {
-      std::lock_guard lk(mu_);
       pending_.push_back(std::move(p));
+    }
+    // The flag goes after the event: a flag seen means the event is done
+    // too. Should the write not be enqueued, the next sweep sees the event.
+    if (slot >= 0) {
+      write_value_(static_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(&flags_[slot]), value,
+                   CU_STREAM_WRITE_VALUE_DEFAULT);
     }
     cv_.notify_one();
   }
