@@ -405,6 +405,7 @@ class CudaCopier : public Copier {
 
   // Traced runs: the GPU's time of an event recorded now on an idle stream,
   // on the steady clock (the middle of the record and its sync: a few us).
+  // The one wait in CUDA the copier makes, once, when it is created.
   cudaError_t Anchor(DevicePool& pool) {
     cudaError_t err = cudaEventCreateWithFlags(&pool.anchor, cudaEventDefault);
     const int64_t before = trace::NowNs();
