@@ -36,6 +36,14 @@ class Copier {
                          std::shared_ptr<ReadyEvent> ready,
                          std::function<void(const Status&)> done) = 0;
 
+  // CopyAsync, then looks for the copy's end on this thread, on its core,
+  // for up to `look_us`: `done` runs here if the copy ended by then, else on
+  // the completion thread. For a thread that has the core now and would
+  // otherwise leave the look to the completion thread, which may not.
+  virtual void CopyAndLook(void* dst, const void* src, size_t length, int device,
+                           std::shared_ptr<ReadyEvent> ready, int look_us,
+                           std::function<void(const Status&)> done) = 0;
+
   struct Copy {
     void* dst;
     const void* src;

@@ -175,6 +175,12 @@ class CudaCopier : public Copier {
   void CopyAsync(void* dst, const void* src, size_t length, int device,
                  std::shared_ptr<ReadyEvent> ready,
                  std::function<void(const Status&)> done) override {
+    CopyAndLook(dst, src, length, device, std::move(ready), 0, std::move(done));
+  }
+
+  void CopyAndLook(void* dst, const void* src, size_t length, int device,
+                   std::shared_ptr<ReadyEvent> ready, int look_us,
+                   std::function<void(const Status&)> done) override {
     if (device < 0 || static_cast<size_t>(device) >= pools_.size()) {
       return done(Status::InvalidArgument("no such GPU"));
     }
@@ -191,8 +197,22 @@ class CudaCopier : public Copier {
       if (start != nullptr) GiveEvent(device, start);
       return done(CudaError(err, "enqueueing a GPU copy"));
     }
-    Track(s, device, std::move(ready), std::move(done), true, start,
-          reinterpret_cast<uint64_t>(dst));
+    const auto key = reinterpret_cast<uint64_t>(dst);
+    if (look_us <= 0) return Track(s, device, std::move(ready), std::move(done), true, start, key);
+    const cudaEvent_t end = RecordEnd(s, device, start, done);
+    if (end == nullptr) return;
+    Pending p{end, s, device, std::move(ready), std::move(done), start, key};
+    // Spins, no yield: a yield hands the core to whichever thread shares it.
+    const auto until = Clock::now() + std::chrono::microseconds(look_us);
+    do {
+      err = cudaEventQuery(p.event);
+      if (err != cudaErrorNotReady) return Finish(p, err);
+    } while (Clock::now() < until);
+    {
+      std::lock_guard lk(mu_);
+      pending_.push_back(std::move(p));
+    }
+    cv_.notify_one();
   }
 
   void CopyManyAsync(std::vector<Copy> copies, int device,
@@ -351,14 +371,9 @@ class CudaCopier : public Copier {
   void Track(cudaStream_t s, int device, std::shared_ptr<ReadyEvent> ready,
              std::function<void(const Status&)> done, bool own = false, cudaEvent_t start = nullptr,
              uint64_t key = 0) {
-    auto e = TakeEvent(device);
-    cudaError_t err = e.ok() ? cudaEventRecord(e.value(), s) : cudaSuccess;
-    if (!e.ok() || err != cudaSuccess) {
-      if (e.ok()) GiveEvent(device, e.value());
-      if (start != nullptr) GiveEvent(device, start);
-      return done(e.ok() ? CudaError(err, "recording completion") : e.status());
-    }
-    Pending p{e.value(), s, device, std::move(ready), std::move(done), start, key};
+    const cudaEvent_t end = RecordEnd(s, device, start, done);
+    if (end == nullptr) return;
+    Pending p{end, s, device, std::move(ready), std::move(done), start, key};
     int slot = -1;
     uint32_t value = 0;
     {
@@ -401,6 +416,33 @@ class CudaCopier : public Copier {
   bool MayBeDone(const Pending& p, bool sweep) const {
     if (p.slot < 0 || sweep) return true;
     return __atomic_load_n(&flags_[p.slot], __ATOMIC_ACQUIRE) == p.value;
+  }
+
+  // A completion event recorded on `s`; or null, with `start` given back
+  // and `done` run with the error.
+  cudaEvent_t RecordEnd(cudaStream_t s, int device, cudaEvent_t start,
+                        const std::function<void(const Status&)>& done) {
+    auto e = TakeEvent(device);
+    cudaError_t err = e.ok() ? cudaEventRecord(e.value(), s) : cudaSuccess;
+    if (e.ok() && err == cudaSuccess) return e.value();
+    if (e.ok()) GiveEvent(device, e.value());
+    if (start != nullptr) GiveEvent(device, start);
+    done(e.ok() ? CudaError(err, "recording completion") : e.status());
+    return nullptr;
+  }
+
+  // A tracked copy whose event has answered `err`: its events go back to
+  // the pool, then its `done` runs.
+  void Finish(Pending& p, cudaError_t err) {
+    Status st = err == cudaSuccess ? Status::Ok() : CudaError(err, "GPU copy");
+    if (p.start != nullptr) {
+      if (err == cudaSuccess) MarkTimed(p);
+      GiveEvent(p.device, p.start);
+    }
+    GiveEvent(p.device, p.event);
+    p.ready.reset();
+    auto done = std::move(p.done);
+    done(st);
   }
 
   // Traced runs: the GPU's time of an event recorded now on an idle stream,
@@ -527,16 +569,10 @@ class CudaCopier : public Copier {
           continue;
         }
         if (it->slot >= 0) freed.push_back(it->slot);
-        Status st = err == cudaSuccess ? Status::Ok() : CudaError(err, "GPU copy");
-        if (it->start != nullptr) {
-          if (err == cudaSuccess) MarkTimed(*it);
-          GiveEvent(it->device, it->start);
-        }
-        GiveEvent(it->device, it->event);
-        auto done = std::move(it->done);
+        Pending p = std::move(*it);
         it = mine.erase(it);
         timer.Call();
-        done(st);
+        Finish(p, err);
         timer.Called();
         progressed = true;
       }

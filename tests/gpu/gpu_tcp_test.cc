@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -13,10 +15,12 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/event_trace.h"
 #include "ferry/engine.h"
+#include "gpu/copier.h"
 #include "gpu/gpu.h"
 #include "gpu/skip.h"
 #include "integration/peer.h"
@@ -313,20 +317,27 @@ TEST(Gpu, TracesTheStagedPathOfGpuMemoryOverTcp) {
   for (const auto& [key, ns] : end) EXPECT_LE(start[key], ns);
 }
 
-// FERRY_COPY_FLAGS=1: completions seen through the words the copier's
-// streams write, at both ends (the peer inherits the setting). GPU chunks
-// go both ways and land whole; a missed flag would only delay a copy to the
-// next sweep of its events, which the bench measures, not this test.
-TEST(Gpu, CopiesSeenDoneByTheirFlagsLandWhole) {
+// The knobs that change who sees a copy into the GPU done, each set for
+// the peer (a new process) and this engine: FERRY_COPY_FLAGS=1, completions
+// seen through words the copier's streams write; FERRY_LANDING_LOOK_US, the
+// landing thread looking for its own copy's end (read once a process, so
+// here only if no earlier test has landed a chunk). GPU chunks go both ways
+// and land whole. A missed flag or look only delays a copy to the copier's
+// thread, which the bench measures, not this test.
+class GpuCompletionKnob : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(GpuCompletionKnob, CopiesLandWhole) {
   SKIP_WITHOUT_GPU();
   constexpr size_t kBytes = 4 << 20;
-  setenv("FERRY_COPY_FLAGS", "1", 1);
+  const std::string knob = GetParam();
+  const std::string name = knob.substr(0, knob.find('='));
+  setenv(name.c_str(), knob.substr(knob.find('=') + 1).c_str(), 1);
   auto p = test::StartPeer(kBytes, 0, 0, kBytes);
   EngineOptions o;
   o.transport = "tcp";
   o.tcp_gpu_chunk_bytes = 64 << 10;
   auto e = Engine::Create(o);
-  unsetenv("FERRY_COPY_FLAGS");
+  unsetenv(name.c_str());
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   auto dev = gpu::AllocDevice(kBytes, 0);
@@ -347,6 +358,62 @@ TEST(Gpu, CopiesSeenDoneByTheirFlagsLandWhole) {
     EXPECT_EQ(in, out) << "round " << round;
   }
   e.value().reset();
+  gpu::FreeDevice(dev.value());
+}
+
+INSTANTIATE_TEST_SUITE_P(Knobs, GpuCompletionKnob,
+                         ::testing::Values("FERRY_COPY_FLAGS=1", "FERRY_LANDING_LOOK_US=1000"));
+
+// Copier::CopyAndLook: `done` runs once, with the bytes in place, whether
+// the copy ends within the look (on this thread) or after it (on the
+// copier's thread): 4 KiB, and 64 MiB, which outlasts a 100 us look.
+TEST(Gpu, CopyAndLookRunsDoneOnceWithTheBytesInPlace) {
+  SKIP_WITHOUT_GPU();
+  auto copier = gpu::Copier::Create();
+  ASSERT_TRUE(copier.ok()) << copier.status().ToString();
+  constexpr size_t kMax = 64 << 20;
+  auto src = gpu::AllocPinned(kMax);
+  auto back = gpu::AllocPinned(kMax);
+  auto dev = gpu::AllocDevice(kMax, 0);
+  ASSERT_TRUE(src.ok() && back.ok() && dev.ok());
+  // Waits for a done that counts its calls; then a moment for a second one.
+  auto wait = [](std::atomic<int>& calls) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (calls.load() == 0 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  };
+  for (size_t n : {size_t{4096}, kMax}) {
+    for (int look_us : {0, 100, 10000}) {
+      SCOPED_TRACE(std::to_string(n) + " bytes, look " + std::to_string(look_us) + " us");
+      test::FillRandom(src.value(), n, n + static_cast<size_t>(look_us));
+      std::atomic<int> calls{0};
+      std::atomic<bool> ok{false}, here{false};
+      const auto caller = std::this_thread::get_id();
+      copier.value()->CopyAndLook(dev.value(), src.value(), n, 0, nullptr, look_us,
+                                  [&](const Status& st) {
+                                    ok = st.ok();
+                                    here = std::this_thread::get_id() == caller;
+                                    ++calls;
+                                  });
+      wait(calls);
+      ASSERT_EQ(calls.load(), 1);
+      EXPECT_TRUE(ok.load());
+      if (look_us == 0) {
+        EXPECT_FALSE(here.load()) << "no look: the copier's thread runs done";
+      }
+      std::atomic<int> back_calls{0};
+      std::memset(back.value(), 0, n);
+      copier.value()->CopyAsync(back.value(), dev.value(), n, 0, nullptr,
+                                [&](const Status&) { ++back_calls; });
+      wait(back_calls);
+      ASSERT_EQ(back_calls.load(), 1);
+      EXPECT_EQ(std::memcmp(back.value(), src.value(), n), 0);
+    }
+  }
+  gpu::FreePinned(src.value());
+  gpu::FreePinned(back.value());
   gpu::FreeDevice(dev.value());
 }
 

@@ -57,10 +57,16 @@ inline constexpr int kReleaseOnSend = 1;
 inline constexpr int kReleaseOnLanding = 2;
 int EarlyRelease();
 
+// FERRY_LANDING_LOOK_US (0 to 10000, default 0): how long a landing thread
+// looks for its copy into the GPU to end before it leaves that to the
+// copier's thread (Copier::CopyAndLook). A knob to compare.
+int LandingLookUs();
+
 // Moves `n` bytes just received into staging `buf` to GPU memory at `dst`:
 // writes the buffer's cache lines back for the DMA (common/cache.h), then
 // enqueues the host-to-device copy after `ready`; `done` runs on the
-// copier's completion thread. With a `pool`, both happen on one of its
+// copier's completion thread, or on the landing thread that saw the copy
+// end (LandingLookUs). With a `pool`, both happen on one of its
 // threads, so the socket thread that filled `buf` reads on at once: the
 // write-back costs it about as long as the receive itself. Null: inline.
 void LandStaged(ThreadPool* pool, gpu::Copier& copier, void* dst, const char* buf, size_t n,
