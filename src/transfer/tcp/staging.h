@@ -64,11 +64,11 @@ int LandingLookUs();
 
 // Moves `n` bytes just received into staging `buf` to GPU memory at `dst`:
 // writes the buffer's cache lines back for the DMA (common/cache.h), then
-// enqueues the host-to-device copy after `ready`; `done` runs on the
-// copier's completion thread, or on the landing thread that saw the copy
-// end (LandingLookUs). With a `pool`, both happen on one of its
-// threads, so the socket thread that filled `buf` reads on at once: the
-// write-back costs it about as long as the receive itself. Null: inline.
+// enqueues the host-to-device copy after `ready`. With a `pool`, both
+// happen on one of its threads, so the socket thread that filled `buf`
+// reads on at once: the write-back costs it about as long as the receive
+// itself. Null: inline. `done` runs on the copier's completion thread, or
+// on the pool's thread that saw the copy end (LandingLookUs).
 void LandStaged(ThreadPool* pool, gpu::Copier& copier, void* dst, const char* buf, size_t n,
                 int device, std::shared_ptr<gpu::ReadyEvent> ready,
                 std::function<void(const Status&)> done);
