@@ -10,11 +10,11 @@
 #include <vector>
 
 #include "common/env.h"
-#include "common/event_trace.h"
 #include "common/log.h"
 #include "common/poll_pacer.h"
 #include "common/thread_name.h"
 #include "gpu/copier.h"
+#include "gpu/copy_trace.h"
 #include "gpu/cuda_util.h"
 #include "gpu/gpu.h"
 
@@ -32,9 +32,7 @@ struct DevicePool {
   std::atomic<size_t> next{0};
   std::mutex mu;
   std::vector<cudaEvent_t> free_events;  // guarded by mu
-  // Traced runs only: an event whose GPU time is known on the steady clock.
-  cudaEvent_t anchor = nullptr;
-  int64_t anchor_ns = 0;
+  GpuClock clock;                        // traced runs only
 };
 
 constexpr int kStreamsPerDevice = 4;
@@ -47,42 +45,6 @@ cudaError_t StreamDevice(cudaStream_t s, int* device) {
   cudaGetLastError();  // not sticky; clear it before the fallback
   return cudaGetDevice(device);
 }
-
-// Traced runs: where the completion thread's time goes while copies are
-// pending. Marks, with the span in ns as the key, a look whose CUDA queries
-// or done callbacks took over 30 us in all, and a gap of over 30 us between
-// a look that left copies pending and the next.
-class LookTimer {
- public:
-  void LookStarts() {
-    if (!trace::On()) return;
-    const int64_t now = trace::NowNs();
-    if (pending_ && now - end_ > kSlow) trace::MarkAt(trace::kCopierAway, now - end_, now);
-    query_ns_ = call_ns_ = 0;
-  }
-  void Query() { Start(); }
-  void Queried() { Stop(&query_ns_); }
-  void Call() { Start(); }
-  void Called() { Stop(&call_ns_); }
-  void LookEnds(bool pending) {
-    if (!trace::On()) return;
-    end_ = trace::NowNs();
-    pending_ = pending;
-    if (query_ns_ > kSlow) trace::MarkAt(trace::kCopierQueries, query_ns_, end_);
-    if (call_ns_ > kSlow) trace::MarkAt(trace::kCopierCallbacks, call_ns_, end_);
-  }
-
- private:
-  static constexpr int64_t kSlow = 30'000;
-  void Start() {
-    if (trace::On()) at_ = trace::NowNs();
-  }
-  void Stop(int64_t* sum) {
-    if (trace::On()) *sum += trace::NowNs() - at_;
-  }
-  int64_t at_ = 0, end_ = 0, query_ns_ = 0, call_ns_ = 0;
-  bool pending_ = false;
-};
 
 }  // namespace
 
@@ -125,7 +87,7 @@ class CudaCopier : public Copier {
         err = cudaEventCreateWithFlags(&e, event_flags_);
         if (err == cudaSuccess) pool->free_events.push_back(e);
       }
-      if (err == cudaSuccess && trace::On()) err = Anchor(*pool);
+      if (err == cudaSuccess && trace::On()) err = pool->clock.Start(pool->streams[0]);
       pools_.push_back(std::move(pool));
       if (err != cudaSuccess) return CudaError(err, "creating the GPU stream and event pools");
     }
@@ -155,7 +117,7 @@ class CudaCopier : public Copier {
       DeviceGuard guard(static_cast<int>(d));
       for (auto s : pools_[d]->streams) cudaStreamDestroy(s);
       for (auto e : pools_[d]->free_events) cudaEventDestroy(e);
-      if (pools_[d]->anchor != nullptr) cudaEventDestroy(pools_[d]->anchor);
+      pools_[d]->clock.Release();
     }
     if (flags_ != nullptr) cudaFreeHost(flags_);
   }
@@ -436,7 +398,9 @@ class CudaCopier : public Copier {
   void Finish(Pending& p, cudaError_t err) {
     Status st = err == cudaSuccess ? Status::Ok() : CudaError(err, "GPU copy");
     if (p.start != nullptr) {
-      if (err == cudaSuccess) MarkTimed(p);
+      if (err == cudaSuccess) {
+        pools_[static_cast<size_t>(p.device)]->clock.MarkCopyIn(p.key, p.start, p.event);
+      }
       GiveEvent(p.device, p.start);
     }
     GiveEvent(p.device, p.event);
@@ -445,27 +409,10 @@ class CudaCopier : public Copier {
     done(st);
   }
 
-  // Traced runs: the GPU's time of an event recorded now on an idle stream,
-  // on the steady clock (the middle of the record and its sync: a few us).
-  // The one wait in CUDA the copier makes, once, when it is created.
-  cudaError_t Anchor(DevicePool& pool) {
-    cudaError_t err = cudaEventCreateWithFlags(&pool.anchor, cudaEventDefault);
-    const int64_t before = trace::NowNs();
-    if (err == cudaSuccess) err = cudaEventRecord(pool.anchor, pool.streams[0]);
-    if (err == cudaSuccess) err = cudaEventSynchronize(pool.anchor);
-    pool.anchor_ns = before + (trace::NowNs() - before) / 2;
-    return err;
-  }
-
   // Traced runs: an event on `s` just before a copy into GPU memory, or null
   // for other copies (their destinations are not the trace's keys).
   cudaEvent_t StartTimed(void* dst, int device, cudaStream_t s) {
-    cudaPointerAttributes attr{};
-    if (cudaPointerGetAttributes(&attr, dst) != cudaSuccess) {
-      cudaGetLastError();
-      return nullptr;
-    }
-    if (attr.type != cudaMemoryTypeDevice) return nullptr;
+    if (Classify(dst).kind != MemoryKind::kDevice) return nullptr;
     auto e = TakeEvent(device);
     if (!e.ok()) return nullptr;
     if (cudaEventRecord(e.value(), s) != cudaSuccess) {
@@ -473,22 +420,6 @@ class CudaCopier : public Copier {
       return nullptr;
     }
     return e.value();
-  }
-
-  // Traced runs: a finished timed copy's GPU start and end, as marks.
-  void MarkTimed(const Pending& p) {
-    const DevicePool& pool = *pools_[static_cast<size_t>(p.device)];
-    // From the anchor a float of ms loses a few us after a minute; the
-    // copy's own length is timed apart.
-    float since_ms = 0, copy_ms = 0;
-    if (cudaEventElapsedTime(&since_ms, pool.anchor, p.start) != cudaSuccess ||
-        cudaEventElapsedTime(&copy_ms, p.start, p.event) != cudaSuccess) {
-      cudaGetLastError();
-      return;
-    }
-    const int64_t start = pool.anchor_ns + static_cast<int64_t>(double{since_ms} * 1e6);
-    trace::MarkAt(trace::kGpuCopyInStart, p.key, start);
-    trace::MarkAt(trace::kGpuCopyInEnd, p.key, start + static_cast<int64_t>(double{copy_ms} * 1e6));
   }
 
   Result<cudaEvent_t> TakeEvent(int device) {
@@ -551,7 +482,7 @@ class CudaCopier : public Copier {
       timer.LookStarts();
       // Flags or not, every event is queried now and then: a failed copy
       // writes no flag.
-      const bool sweep = Clock::now() - last_sweep > kSweep;
+      const bool sweep = flags_ != nullptr && Clock::now() - last_sweep > kSweep;
       if (sweep) last_sweep = Clock::now();
       for (auto it = mine.begin(); it != mine.end();) {
         if (std::find(blocked.begin(), blocked.end(), it->stream) != blocked.end() ||
