@@ -45,6 +45,9 @@ enum Stage : uint32_t {
   kCopierAway = 21,
   kCopierQueries = 22,
   kCopierCallbacks = 23,
+  // Initiator: a staged read's payload is in its staging buffer, before
+  // the hand-off to land it (key: the device address, as kLandStart's).
+  kStagedReadIn = 24,
 };
 
 namespace detail {

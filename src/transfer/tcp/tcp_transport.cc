@@ -230,6 +230,7 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
         self->Release(buf, self->CapFor(t));
         return t.Done(s);
       }
+      FERRY_TRACE(trace::kStagedReadIn, reinterpret_cast<uint64_t>(t.local));
       LandStaged(self->landing_, *self->copier_, t.local, buf, t.length, t.gpu_device, t.ready,
                  [self, t, buf](const Status& s2) {
                    self->Release(buf, self->CapFor(t));
