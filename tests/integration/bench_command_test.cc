@@ -4,7 +4,6 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -96,17 +95,9 @@ TEST(BenchCommand, FreshPassesAreTimedOverNewTargetMemory) {
 // nothing of another batch. Every send is seen completed (its completion may
 // run after the reply, so at any time).
 TEST(BenchCommand, TracesEveryChunkOfEachBatchWhereAsked) {
-  char dir[] = "/tmp/ferry-trace-XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
-  setenv("FERRY_TRACE_FILE", (std::string(dir) + "/t").c_str(), 1);
-  nlohmann::json j;
-  RunBench({"--transport", "tcp", "--op", "write", "--block-size", "1MiB", "--batch-size", "4",
-            "--duration", "0.2"},
-           &j);
-  unsetenv("FERRY_TRACE_FILE");
-  const auto events = test::ReadTrace(dir);
-  std::filesystem::remove_all(dir);
-  ASSERT_FALSE(HasFatalFailure());
+  std::vector<test::TraceEvent> events;
+  auto j = test::RunTracedBench({"--op", "write"}, &events);
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
   ASSERT_FALSE(events.empty()) << "no process wrote its events";
   size_t batches = 0;
   std::map<unsigned, int> in_batch, all;

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -83,6 +84,20 @@ std::vector<TraceEvent> ReadTrace(const std::string& dir) {
   std::sort(events.begin(), events.end(),
             [](const TraceEvent& a, const TraceEvent& b) { return a.ns < b.ns; });
   return events;
+}
+
+Result<nlohmann::json> RunTracedBench(std::vector<std::string> args,
+                                      std::vector<TraceEvent>* events) {
+  char dir[] = "/tmp/ferry-trace-XXXXXX";
+  if (mkdtemp(dir) == nullptr) return Status::FromErrno(errno, "mkdtemp");
+  setenv("FERRY_TRACE_FILE", (std::string(dir) + "/t").c_str(), 1);
+  args.insert(args.begin(), {"--transport", "tcp", "--block-size", "1MiB", "--batch-size", "4",
+                             "--duration", "0.2"});
+  auto j = RunBench(std::move(args));
+  unsetenv("FERRY_TRACE_FILE");
+  *events = ReadTrace(dir);
+  std::filesystem::remove_all(dir);
+  return j;
 }
 
 Result<Peer> StartPeer(uint64_t alloc_bytes, uint64_t heap_bytes, uint16_t port, uint64_t gpu_bytes,

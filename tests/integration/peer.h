@@ -47,6 +47,12 @@ struct TraceEvent {
 };
 std::vector<TraceEvent> ReadTrace(const std::string& dir);
 
+// RunBench over tcp, 1 MiB x 4 for 0.2 s, then `args`, with
+// FERRY_TRACE_FILE set: its JSON line, and in `events` what its processes
+// logged.
+Result<nlohmann::json> RunTracedBench(std::vector<std::string> args,
+                                      std::vector<TraceEvent>* events);
+
 // Starts a peer; `port` 0 picks one. `extra` args go to `ferry serve`.
 Result<Peer> StartPeer(uint64_t alloc_bytes, uint64_t heap_bytes, uint16_t port = 0,
                        uint64_t gpu_bytes = 0, int gpu_device = 0,
