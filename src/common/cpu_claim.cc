@@ -104,6 +104,22 @@ Status PinThread(pthread_t thread, int cpu) {
   return Status::Ok();
 }
 
+Status ConfineThread(pthread_t thread, const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int cpu : cpus) {
+    if (cpu < 0 || cpu >= CPU_SETSIZE) return Status::InvalidArgument("no such CPU");
+    CPU_SET(cpu, &set);
+  }
+  if (cpus.empty()) return Status::InvalidArgument("no CPUs to run on");
+  const int err = pthread_setaffinity_np(thread, sizeof(set), &set);
+  if (err != 0) {
+    return Status::InvalidArgument("cannot run on the CPUs given: " +
+                                   std::string(std::strerror(err)));
+  }
+  return Status::Ok();
+}
+
 std::string DefaultRegistry() { return "/dev/shm/ferry-cpus-" + std::to_string(geteuid()); }
 
 Claim Claim::Take(const std::string& path, const std::vector<int>& allowed, size_t n) {

@@ -27,6 +27,8 @@ Result<std::vector<int>> ParseList(std::string_view text);
 
 // Keeps `thread` on `cpu` from now on.
 Status PinThread(pthread_t thread, int cpu);
+// Keeps `thread` on any of `cpus` (not empty) from now on.
+Status ConfineThread(pthread_t thread, const std::vector<int>& cpus);
 
 // The registry of this user's claims: /dev/shm/ferry-cpus-<uid>.
 std::string DefaultRegistry();

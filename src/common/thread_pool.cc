@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "common/cpu_claim.h"
 #include "common/thread_name.h"
 
 namespace ferry {
@@ -22,6 +23,11 @@ ThreadPool::~ThreadPool() {
   }
   cv_.notify_all();
   for (auto& t : threads_) t.join();
+}
+
+Status ThreadPool::Confine(const std::vector<int>& cpus) {
+  for (auto& t : threads_) FERRY_RETURN_IF_ERROR(cpus::ConfineThread(t.native_handle(), cpus));
+  return Status::Ok();
 }
 
 void ThreadPool::Post(std::function<void()> job) {

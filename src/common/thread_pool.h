@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 
+#include "ferry/status.h"
+
 namespace ferry {
 
 class ThreadPool {
@@ -22,6 +24,9 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   void Post(std::function<void()> job);
+
+  // Keeps every thread of the pool on any of `cpus` (common/cpu_claim.h).
+  Status Confine(const std::vector<int>& cpus);
 
  private:
   void Loop();

@@ -74,6 +74,9 @@ class Copier {
   // compared cyclically, reaches `value` (cuStreamWaitValue32, GEQ). R5: only
   // CPU progress may release it, never GPU work of this process.
   virtual Status WaitOnStream(void* stream, const uint32_t* flag, uint32_t value) = 0;
+
+  // Keeps the completion thread on any of `cpus` from now on.
+  virtual Status ConfineThread(const std::vector<int>& cpus) = 0;
 };
 
 }  // namespace ferry::gpu

@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/cpu_claim.h"
 #include "common/env.h"
 #include "common/log.h"
 #include "common/poll_pacer.h"
@@ -264,6 +265,10 @@ class CudaCopier : public Copier {
     CUresult r = wait_value_(static_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(flag),
                              value, CU_STREAM_WAIT_VALUE_GEQ);
     return DriverStatus(r, "cuStreamWaitValue32 on the caller's stream");
+  }
+
+  Status ConfineThread(const std::vector<int>& cpus) override {
+    return cpus::ConfineThread(poller_.native_handle(), cpus);
   }
 
  private:

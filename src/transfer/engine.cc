@@ -156,7 +156,9 @@ class Engine::Impl {
     router_ = std::make_unique<Router>(*transports_, *peers_, memory_->registry(), has_gpu);
     submitter_ = std::make_unique<Submitter>(*router_, *peers_, copier_.get(), relay_.get(),
                                              options_.request_timeout);
-    io_.Start("ferry-io", IoCpus(io_threads));
+    const std::vector<int> io_cpus = IoCpus(io_threads);
+    io_.Start("ferry-io", io_cpus);
+    if (helpers_on_io_cpus_ && !io_cpus.empty()) FERRY_RETURN_IF_ERROR(ConfineHelpers(io_cpus));
     watch_->Start();
     if (etcd_) {
       FERRY_RETURN_IF_ERROR(etcd_->Start(
@@ -215,6 +217,14 @@ class Engine::Impl {
     return io_claim_.cpus();
   }
 
+  // The threads that serve the io threads' work (the GPU copier's, the
+  // landing threads) go on the io threads' CPUs, off those of other
+  // processes' io threads (an experiment: FERRY_HELPER_CPUS).
+  Status ConfineHelpers(const std::vector<int>& cpus) {
+    if (copier_) FERRY_RETURN_IF_ERROR(copier_->ConfineThread(cpus));
+    return transports_->ConfineHelpers(cpus);
+  }
+
   // InvalidArgument, naming the variable, where one is malformed.
   Status ApplyEnv() {
     if (options_.transport.empty()) {
@@ -246,6 +256,7 @@ class Engine::Impl {
     }
     FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_COPY_THREADS", &options_.copy_threads));
     FERRY_RETURN_IF_ERROR(IntFromEnv("FERRY_LANDING_THREADS", &options_.landing_threads));
+    FERRY_RETURN_IF_ERROR(BoolFromEnv("FERRY_HELPER_CPUS", &helpers_on_io_cpus_));
     FERRY_RETURN_IF_ERROR(BoolFromEnv("FERRY_TCP_CHECKSUM", &options_.tcp_checksum));
     FERRY_RETURN_IF_ERROR(BoolFromEnv("FERRY_POPULATE_REGISTERED", &options_.populate_registered));
     // Read where they are used, later or lazily; checked here so Create refuses them.
@@ -295,6 +306,7 @@ class Engine::Impl {
   uint64_t epoch_ = 0;
   std::string name_;
   std::vector<int> io_cpu_list_;  // io_cpus as a list, parsed by ApplyEnv
+  bool helpers_on_io_cpus_ = false;  // FERRY_HELPER_CPUS
   cpus::Claim io_claim_;          // the io threads' CPUs under "auto"; released after they stop
   IoPool io_;
   std::unique_ptr<gpu::Copier> copier_;  // null without a GPU

@@ -133,6 +133,11 @@ void TransportSet::StopAll() {
   for (const auto& t : all_) t->Stop();
 }
 
+Status TransportSet::ConfineHelpers(const std::vector<int>& cpus) {
+  for (const auto& t : all_) FERRY_RETURN_IF_ERROR(t->ConfineHelpers(cpus));
+  return Status::Ok();
+}
+
 int TransportSet::io_threads() const {
   int n = 1;
   for (const auto& t : all_) {

@@ -54,6 +54,8 @@ class TransportSet {
   const Transport* in_process() const { return in_process_; }
   // Transport::Stop on each, once the engine's io threads have ended.
   void StopAll();
+  // Transport::ConfineHelpers on each.
+  Status ConfineHelpers(const std::vector<int>& cpus);
   // io_context threads for the engine: the most any transport asks, 1 at least.
   int io_threads() const;
   // Every transport's target side, for the listener.

@@ -175,6 +175,10 @@ class Transport {
   // of the transport's own, before the listener and the peers go; nothing
   // but destruction follows. Optional.
   virtual void Stop() {}
+
+  // Keeps the transport's helper threads (not the engine's io threads) on
+  // any of `cpus`, the io threads' own (FERRY_HELPER_CPUS).
+  virtual Status ConfineHelpers(const std::vector<int>& /*cpus*/) { return Status::Ok(); }
 };
 
 using TransportFactory = std::unique_ptr<Transport> (*)(EngineContext& ctx);

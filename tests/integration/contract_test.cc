@@ -85,7 +85,7 @@ TEST(EngineContract, CreateRefusesAMalformedEnvironmentVariable) {
        {"FERRY_TCP_LANES", "FERRY_MAX_CONNECTIONS", "FERRY_MAX_CONNECTIONS_PER_SOURCE",
         "FERRY_STAGING_WRITEBACK", "FERRY_LOG_LEVEL", "FERRY_IO_SHARED", "FERRY_TCP_GPU_LANES",
         "FERRY_IO_SPIN_US", "FERRY_IO_CPUS", "FERRY_TCP_STAGING_BUFFERS",
-        "FERRY_TCP_GPU_CHUNK_BYTES"}) {
+        "FERRY_TCP_GPU_CHUNK_BYTES", "FERRY_HELPER_CPUS"}) {
     setenv(name, "abc", 1);
     auto e = Engine::Create({});
     unsetenv(name);

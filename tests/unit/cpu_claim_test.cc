@@ -6,14 +6,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/cpu_quota.h"
+#include "common/thread_pool.h"
 
 namespace ferry::cpus {
 namespace {
@@ -96,6 +100,29 @@ TEST(CpuPin, PinsTheCallingThreadToAnAllowedCpu) {
   }).join();
   EXPECT_EQ(Allowed(), allowed) << "the caller's own CPUs are unchanged";
   EXPECT_EQ(PinThread(pthread_self(), -1).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(CpuPin, ConfinesAPoolsThreadsToTheCpusGiven) {
+  const std::vector<int> allowed = Allowed();
+  ASSERT_FALSE(allowed.empty());
+  const std::vector<int> first{allowed.front()};
+  ThreadPool pool(2, "confine-test");
+  ASSERT_TRUE(pool.Confine(first).ok());
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::vector<int>> seen;
+  for (int i = 0; i < 8; ++i) {
+    pool.Post([&] {
+      std::lock_guard lk(mu);
+      seen.push_back(Allowed());
+      cv.notify_all();
+    });
+  }
+  std::unique_lock lk(mu);
+  ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(10), [&] { return seen.size() == 8; }));
+  for (const auto& s : seen) EXPECT_EQ(s, first);
+  EXPECT_EQ(pool.Confine({}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool.Confine({-1}).code(), StatusCode::kInvalidArgument);
 }
 
 TEST(CpuQuota, ReadsV2AndV1Quotas) {

@@ -302,6 +302,10 @@ class TcpTransport : public Transport {
 
   FrameService* frame_service() override { return target_.get(); }
 
+  Status ConfineHelpers(const std::vector<int>& cpus) override {
+    return landing_ ? landing_->Confine(cpus) : Status::Ok();
+  }
+
   // Landing jobs use target_'s staging and answer on listener connections.
   void Stop() override { landing_.reset(); }
 
