@@ -122,10 +122,11 @@ struct EngineOptions {
   // cores or more, where a third and fourth thread lifted shm writes into
   // fresh memory by two thirds (docs/performance.md).
   int copy_threads = 0;
-  // Threads that start the GPU copies of tcp staging (landing what a socket
-  // received; at a target, also filling a reply), so socket threads read on;
+  // Threads that start the GPU copies of tcp staging at a target (landing
+  // what a socket received, or filling a reply), so socket threads read on;
   // env FERRY_LANDING_THREADS. 0: on the socket threads. -1: one per 4 cores,
-  // from 2 up to tcp_gpu_lanes.
+  // from 2 up to tcp_gpu_lanes. A read into GPU memory here lands on the
+  // socket thread that received it (FERRY_READ_LANDING=0: on these threads).
   int landing_threads = -1;
   // RegisterMemory makes host memory present and writable before it returns,
   // so no transfer into it pays a page fault per 4 KiB (up to half the

@@ -377,7 +377,8 @@ TEST_P(GpuCompletionKnob, CopiesLandWhole) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Knobs, GpuCompletionKnob,
-                         ::testing::Values("FERRY_COPY_FLAGS=1", "FERRY_LANDING_LOOK_US=1000"));
+                         ::testing::Values("FERRY_COPY_FLAGS=1", "FERRY_LANDING_LOOK_US=1000",
+                                           "FERRY_READ_LANDING=0"));
 
 // Copier::CopyAndLook: `done` runs once, with the bytes in place, whether
 // the copy ends within the look (on this thread) or after it (on the

@@ -68,6 +68,15 @@ int EarlyRelease() {
   return mask;
 }
 
+bool ReadsLandInline() {
+  // On two H100 leases (2026-12-06), 1 MiB x 128 reads into GPU memory:
+  // 20.21 -> 21.56 and 22.23 -> 24.62 GB/s inline, 6 rounds of 6 ahead. The
+  // hand-off to a landing thread (117 us median, traced) cost more than the
+  // write-back and the copy's enqueue cost the socket thread.
+  static const bool inline_ = env::GetIntIn("FERRY_READ_LANDING", 0, 1, 1) == 1;
+  return inline_;
+}
+
 int LandingLookUs() {
   // 0 by default: the copier's thread sees each landing's copy done. Traced
   // on an H100 (2026-12-06), that thread, sharing its core with an io

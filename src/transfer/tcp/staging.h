@@ -62,6 +62,11 @@ int EarlyRelease();
 // copier's thread (Copier::CopyAndLook). A knob to compare.
 int LandingLookUs();
 
+// FERRY_READ_LANDING (0 or 1, default 1): 1 lands a read into GPU memory
+// here on the socket thread that received it; 0 on the landing threads,
+// as chunks into GPU memory at the target always do.
+bool ReadsLandInline();
+
 // Moves `n` bytes just received into staging `buf` to GPU memory at `dst`:
 // writes the buffer's cache lines back for the DMA (common/cache.h), then
 // enqueues the host-to-device copy after `ready`. With a `pool`, both

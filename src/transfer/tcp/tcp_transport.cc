@@ -383,7 +383,7 @@ class TcpTransport : public Transport {
     return std::shared_ptr<Endpoint>(std::make_shared<TcpEndpoint>(
         std::move(host), std::move(gpu), ctx_.copier, std::move(staging),
         static_cast<size_t>(gpu_lanes * cfg.gpu_window), static_cast<size_t>(lane_windows),
-        landing_.get()));
+        ReadsLandInline() ? nullptr : landing_.get()));
   }
 
  private:
