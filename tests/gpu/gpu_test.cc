@@ -543,12 +543,13 @@ TEST(Gpu, HelperThreadsGoOnTheIoThreadsCpusWhereAsked) {
   const std::vector<int> allowed = cpus::Allowed();
   if (allowed.size() < 2) GTEST_SKIP() << "needs 2 CPUs to tell a confined thread apart";
   const std::vector<int> io{allowed.back()};
-  setenv("FERRY_IO_CPUS", std::to_string(io[0]).c_str(), 1);
   for (const bool confine : {true, false}) {
     SCOPED_TRACE(confine ? "confined" : "not confined");
+    setenv("FERRY_IO_CPUS", std::to_string(io[0]).c_str(), 1);
     if (confine) setenv("FERRY_HELPER_CPUS", "1", 1);
     auto e = Engine::Create({});
-    unsetenv("FERRY_HELPER_CPUS");
+    unsetenv("FERRY_HELPER_CPUS");  // before any assertion can return
+    unsetenv("FERRY_IO_CPUS");
     ASSERT_TRUE(e.ok()) << e.status().ToString();
     for (const char* name : {"ferry-copier", "ferry-landing"}) {
       const auto threads = CpusOfThreadsNamed(name);
@@ -556,7 +557,6 @@ TEST(Gpu, HelperThreadsGoOnTheIoThreadsCpusWhereAsked) {
       for (const auto& cpus : threads) EXPECT_EQ(cpus, confine ? io : allowed) << name;
     }
   }
-  unsetenv("FERRY_IO_CPUS");
 }
 
 #else
