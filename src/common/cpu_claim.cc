@@ -50,11 +50,11 @@ bool WriteTable(int fd, const Table& t) {
 
 }  // namespace
 
-std::vector<int> Allowed() {
+std::vector<int> Allowed(pid_t tid) {
   std::vector<int> out;
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return out;
+  if (sched_getaffinity(tid, sizeof(set), &set) != 0) return out;
   for (int c = 0; c < CPU_SETSIZE; ++c) {
     if (CPU_ISSET(c, &set)) out.push_back(c);
   }
@@ -91,31 +91,22 @@ Result<std::vector<int>> ParseList(std::string_view text) {
   return out;
 }
 
-Status PinThread(pthread_t thread, int cpu) {
-  if (cpu < 0 || cpu >= CPU_SETSIZE) return Status::InvalidArgument("no such CPU");
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  const int err = pthread_setaffinity_np(thread, sizeof(set), &set);
-  if (err != 0) {
-    return Status::InvalidArgument("cannot run on CPU " + std::to_string(cpu) + ": " +
-                                   std::strerror(err));
-  }
-  return Status::Ok();
-}
+Status PinThread(pthread_t thread, int cpu) { return ConfineThread(thread, {cpu}); }
 
 Status ConfineThread(pthread_t thread, const std::vector<int>& cpus) {
+  if (cpus.empty()) return Status::InvalidArgument("no CPUs to run on");
   cpu_set_t set;
   CPU_ZERO(&set);
+  std::string named;
   for (int cpu : cpus) {
     if (cpu < 0 || cpu >= CPU_SETSIZE) return Status::InvalidArgument("no such CPU");
     CPU_SET(cpu, &set);
+    if (!named.empty()) named += ',';
+    named += std::to_string(cpu);
   }
-  if (cpus.empty()) return Status::InvalidArgument("no CPUs to run on");
   const int err = pthread_setaffinity_np(thread, sizeof(set), &set);
   if (err != 0) {
-    return Status::InvalidArgument("cannot run on the CPUs given: " +
-                                   std::string(std::strerror(err)));
+    return Status::InvalidArgument("cannot run on CPU " + named + ": " + std::strerror(err));
   }
   return Status::Ok();
 }

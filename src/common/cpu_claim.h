@@ -9,6 +9,7 @@
 #pragma once
 
 #include <pthread.h>
+#include <sys/types.h>
 
 #include <string>
 #include <string_view>
@@ -18,8 +19,9 @@
 
 namespace ferry::cpus {
 
-// The CPUs the calling thread may run on, ascending.
-std::vector<int> Allowed();
+// The CPUs the thread `tid` (0: the calling thread) may run on, ascending;
+// none when it cannot be read.
+std::vector<int> Allowed(pid_t tid = 0);
 
 // "0-7,12" -> {0, ..., 7, 12}: numbers and ranges, comma-separated, each
 // under CPU_SETSIZE. InvalidArgument naming `text` when it is not such a list.

@@ -3,13 +3,10 @@
 #include "gpu/gpu.h"
 
 #include <gtest/gtest.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <chrono>
 #include <csignal>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -515,26 +512,6 @@ TEST(CudaIpc, FollowsAPeersRegistrationChangesOffTheDataPath) {
   cudaFree(back);
 }
 
-// The CPUs each of this process's threads named `name` may run on.
-std::vector<std::vector<int>> CpusOfThreadsNamed(const std::string& name) {
-  std::vector<std::vector<int>> out;
-  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
-    std::ifstream comm(task.path() / "comm");
-    std::string got;
-    if (!std::getline(comm, got) || got != name) continue;
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    const pid_t tid = static_cast<pid_t>(std::stol(task.path().filename().string()));
-    if (sched_getaffinity(tid, sizeof(set), &set) != 0) continue;
-    std::vector<int> cpus;
-    for (int c = 0; c < CPU_SETSIZE; ++c) {
-      if (CPU_ISSET(c, &set)) cpus.push_back(c);
-    }
-    out.push_back(std::move(cpus));
-  }
-  return out;
-}
-
 // FERRY_HELPER_CPUS=1 keeps the GPU copier's thread and the landing threads
 // on the io threads' CPUs (here one, by FERRY_IO_CPUS); unset, they are
 // left where the process may run.
@@ -552,7 +529,7 @@ TEST(Gpu, HelperThreadsGoOnTheIoThreadsCpusWhereAsked) {
     unsetenv("FERRY_IO_CPUS");
     ASSERT_TRUE(e.ok()) << e.status().ToString();
     for (const char* name : {"ferry-copier", "ferry-landing"}) {
-      const auto threads = CpusOfThreadsNamed(name);
+      const auto threads = test::CpusOfThreadsNamed(name);
       EXPECT_FALSE(threads.empty()) << name;
       for (const auto& cpus : threads) EXPECT_EQ(cpus, confine ? io : allowed) << name;
     }

@@ -10,8 +10,6 @@
 #include <unistd.h>
 
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <thread>
 #include <vector>
 
@@ -159,22 +157,11 @@ TEST(EngineContract, LanesAndIoThreadsDefaultFollowTheCores) {
 
 // The CPUs each of this process's io threads may run on, once `n` of them
 // run (they name themselves then), or after 2 s with fewer.
-std::vector<cpu_set_t> IoThreadsOnceRunning(size_t n) {
-  std::vector<cpu_set_t> sets;
+std::vector<std::vector<int>> IoThreadsOnceRunning(size_t n) {
+  std::vector<std::vector<int>> sets;
   for (int tries = 0; tries < 400 && sets.size() < n; ++tries) {
     if (tries > 0) std::this_thread::sleep_for(milliseconds(5));
-    sets.clear();
-    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
-      std::ifstream comm(task.path() / "comm");
-      std::string name;
-      std::getline(comm, name);
-      cpu_set_t set;
-      CPU_ZERO(&set);
-      if (name == "ferry-io" &&
-          sched_getaffinity(std::stoi(task.path().filename()), sizeof(set), &set) == 0) {
-        sets.push_back(set);
-      }
-    }
+    sets = test::CpusOfThreadsNamed("ferry-io");
   }
   return sets;
 }
@@ -268,8 +255,8 @@ TEST(EngineContract, IoThreadsRunOnTheCpusListed) {
   auto e = Engine::Create(o);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   int pinned = 0;
-  for (const cpu_set_t& set : IoThreadsOnceRunning(2)) {
-    if (CPU_COUNT(&set) == 1 && CPU_ISSET(cpu, &set)) ++pinned;
+  for (const std::vector<int>& set : IoThreadsOnceRunning(2)) {
+    if (set == std::vector<int>{cpu}) ++pinned;
   }
   EXPECT_EQ(pinned, 2) << "io threads on CPU " << cpu << " alone";
   auto mem = e.value()->AllocateMemory(1 << 20);

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "common/cpu_claim.h"
 #include "transfer/frame_wire.h"
 
 namespace ferry::test {
@@ -84,6 +85,18 @@ std::vector<TraceEvent> ReadTrace(const std::string& dir) {
   std::sort(events.begin(), events.end(),
             [](const TraceEvent& a, const TraceEvent& b) { return a.ns < b.ns; });
   return events;
+}
+
+std::vector<std::vector<int>> CpusOfThreadsNamed(const std::string& name) {
+  std::vector<std::vector<int>> out;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string got;
+    if (!std::getline(comm, got) || got != name) continue;
+    std::vector<int> cpus = cpus::Allowed(std::stoi(task.path().filename()));
+    if (!cpus.empty()) out.push_back(std::move(cpus));
+  }
+  return out;
 }
 
 Result<nlohmann::json> RunTracedBench(std::vector<std::string> args,

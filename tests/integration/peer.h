@@ -47,6 +47,9 @@ struct TraceEvent {
 };
 std::vector<TraceEvent> ReadTrace(const std::string& dir);
 
+// The CPUs each of this process's threads named `name` may run on.
+std::vector<std::vector<int>> CpusOfThreadsNamed(const std::string& name);
+
 // RunBench over tcp, 1 MiB x 4 for 0.2 s, then `args`, with
 // FERRY_TRACE_FILE set: its JSON line, and in `events` what its processes
 // logged.
