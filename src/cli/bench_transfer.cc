@@ -286,6 +286,7 @@ int RunInitiator(const BenchArgs& a) {
 
   std::string ref_name;
   double ref = 0, ref_each = 0, ref_staged = 0, ref_batched = 0, ref_link = 0;
+  nlohmann::json staged_variants = nlohmann::json::array();
   LinkShare share;
   int ref_streams = 0;
   // Over tcp, GPU memory included, the bound is the socket; otherwise the copy.
@@ -309,6 +310,19 @@ int RunInitiator(const BenchArgs& a) {
       mem.staged = true;
       ref_staged = ReferenceTcp(ref_host, a.ref_port, op == Op::kWrite, total, a.block_size,
                                 ref_streams, mem);
+      // Can staging itself cost less? The receiving end's write-back, and
+      // pieces handed to the GPU while their lines may still be in cache.
+      using Variant = std::pair<bool, uint64_t>;  // write-back, piece KiB
+      const std::vector<Variant> variants = {{true, 0}, {true, 256}, {true, 64}, {false, 256}};
+      for (auto [wb, kib] : a.ref_staged_variants ? variants : std::vector<Variant>{}) {
+        RefMemory v = mem;
+        v.write_back = wb;
+        v.piece_kib = kib;
+        staged_variants.push_back({{"write_back", wb},
+                                   {"piece_kib", kib},
+                                   {"gbps", ReferenceTcp(ref_host, a.ref_port, op == Op::kWrite,
+                                                         total, a.block_size, ref_streams, v)}});
+      }
       // And the GPU's link alone, its copies as big as the engine's chunks
       // at least: the most any staged path could move.
       auto link =
@@ -477,6 +491,7 @@ int RunInitiator(const BenchArgs& a) {
       j["reference_staged_gbps"] = ref_staged;
       j["ratio_staged"] = gbps / ref_staged;
     }
+    if (!staged_variants.empty()) j["reference_staged_variants"] = staged_variants;
     if (ref_link > 0) {
       j["reference_link_gbps"] = ref_link;
       j["ratio_link"] = gbps / ref_link;
@@ -518,6 +533,7 @@ std::vector<std::string> CommonArgs(const BenchArgs& a) {
   if (a.gpu_src >= 0) args.insert(args.end(), {"--gpu-src", std::to_string(a.gpu_src)});
   if (a.gpu_dst >= 0) args.insert(args.end(), {"--gpu-dst", std::to_string(a.gpu_dst)});
   if (a.ref_spread) args.push_back("--ref-spread");
+  if (a.ref_staged_variants) args.push_back("--ref-staged-variants");
   if (a.fresh > 0) args.insert(args.end(), {"--fresh", std::to_string(a.fresh)});
   args.insert(args.end(), {"--memory", a.memory});
   return args;

@@ -48,6 +48,9 @@ struct BenchArgs {
   std::string peer;         // initiator: the target's segment name
   uint16_t ref_port = 0;    // initiator: the target's raw reference socket
   bool ref_spread = false;  // the raw streams cycle through the batch's bytes
+  // With GPU memory over tcp: the hand-staged streams again with the
+  // receiving end's write-back, whole and in pieces (reference_staged_variants).
+  bool ref_staged_variants = false;
   int fresh = 0;            // then this many passes, each into target memory set up just before
   std::string memory = "engine";  // host buffers: engine-allocated, or registered heap ("heap")
   // "VAR=VALUE" set in the target's or the initiator's process alone, before

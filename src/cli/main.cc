@@ -137,6 +137,9 @@ int main(int argc, char** argv) {
   bt->add_option("--port", b.port, "target: port (0 picks one)");
   bt->add_option("--peer", b.peer, "initiator: the target's segment, host:port");
   bt->add_option("--ref-port", b.ref_port, "initiator: the target's reference socket port");
+  bt->add_flag("--ref-staged-variants", b.ref_staged_variants,
+               "tcp, GPU memory: the hand-staged streams also with the receiver's write-back, "
+               "whole and in pieces of 256 and 64 KiB, and in pieces without it");
   bt->add_flag("--ref-spread", b.ref_spread,
                "tcp: the raw streams cycle through as many bytes as the engine's batches "
                "touch, not one block");

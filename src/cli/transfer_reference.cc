@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cli/bench_util.h"
+#include "common/cache.h"
 #include "common/clock.h"
 #include "common/cpu_claim.h"
 #include "gpu/gpu.h"
@@ -23,8 +24,17 @@ namespace {
 
 constexpr uint64_t kRefSink = 1, kRefSource = 2, kRefFresh = 3;
 // Or'ed into a sink's or source's mode: the target's end stages its GPU's
-// memory, where the target's buffer is on a GPU.
-constexpr uint64_t kRefStaged = 1 << 8;
+// memory, where the target's buffer is on a GPU; a staging end that
+// receives writes each piece's lines back before its copy (kRefWriteBack);
+// it hands the GPU each piece of this many KiB (bits 16-31; 0, the whole
+// block) as soon as it is in (RefMemory).
+constexpr uint64_t kRefStaged = 1 << 8, kRefWriteBack = 1 << 9;
+constexpr int kRefPieceShift = 16;
+constexpr uint64_t kRefModeMask = 0xff;
+
+uint64_t StagingBits(const RefMemory& mem) {
+  return (mem.write_back ? kRefWriteBack : 0) | (mem.piece_kib << kRefPieceShift);
+}
 
 // One end of a reference stream: `span` bytes it cycles through, of host
 // memory, or of a GPU's memory copied through a gpu::StagedPipe a block at a
@@ -37,8 +47,11 @@ class RefEnd {
   }
 
   // `device` -1: host memory. False when the memory cannot be had.
-  bool SetUp(int device, uint64_t span, uint64_t block) {
+  // `staging`: StagingBits, for an end that stages what it receives.
+  bool SetUp(int device, uint64_t span, uint64_t block, uint64_t staging = 0) {
     span_ = span;
+    write_back_ = (staging & kRefWriteBack) != 0;
+    piece_ = std::min<uint64_t>((staging >> kRefPieceShift & 0xffff) << 10, block);
     if (device < 0) {
       host_.assign(span, 1);
       return true;
@@ -89,14 +102,23 @@ class RefEnd {
   }
 
   // Block i is stored while block i+1 is received; a buffer is reused once
-  // its store is done. Returns once every block is in device memory.
+  // its store is done. With pieces, each is stored once it is in, while its
+  // lines may still be in this core's cache. Returns once every block is in
+  // device memory.
   bool ReceiveStaged(int fd, uint64_t total, uint64_t block) {
     uint64_t left = total, off = 0;
     bool ok = true;
     for (int slot = 0; ok && left > 0; slot ^= 1) {
       const size_t n = std::min<uint64_t>(left, block);
-      ok = pipe_->Wait(slot).ok() && ReadAll(fd, pipe_->buffer(slot), n) &&
-           pipe_->Store(slot, dev_ + off, n).ok();
+      ok = pipe_->Wait(slot).ok();
+      for (size_t at = 0; ok && at < n;) {
+        const size_t p = std::min<size_t>(n - at, piece_ > 0 ? piece_ : n);
+        char* in = pipe_->buffer(slot) + at;
+        ok = ReadAll(fd, in, p);
+        if (ok && write_back_) WriteBackForDma(in, p);
+        ok = ok && pipe_->Store(slot, at, dev_ + off + at, p).ok();
+        at += p;
+      }
       left -= n;
       off = (off + block) % span_;
     }
@@ -104,6 +126,8 @@ class RefEnd {
   }
 
   uint64_t span_ = 0;
+  bool write_back_ = false;
+  uint64_t piece_ = 0;  // bytes; 0: the whole block
   std::vector<char> host_;
   char* dev_ = nullptr;
   std::unique_ptr<gpu::StagedPipe> pipe_;
@@ -124,7 +148,7 @@ void ServeReferenceStream(int fd, const FreshSource& fresh, int device) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   uint64_t cmd[5];
   const bool got = ReadAll(fd, cmd, sizeof(cmd));
-  const uint64_t mode = got ? cmd[0] & ~kRefStaged : 0;
+  const uint64_t mode = got ? cmd[0] & kRefModeMask : 0;
   if (mode == kRefFresh) {
     const uint64_t addr = cmd[1] > 0 && cmd[1] <= (8ull << 30) ? fresh(cmd[1]) : 0;
     WriteAll(fd, &addr, sizeof(addr));
@@ -134,8 +158,8 @@ void ServeReferenceStream(int fd, const FreshSource& fresh, int device) {
     const uint64_t round = cmd[4] > 0 ? cmd[4] : cmd[1];
     RefEnd end;
     char ready = 1;
-    bool ok =
-        end.SetUp((cmd[0] & kRefStaged) != 0 ? device : -1, span, block) && WriteAll(fd, &ready, 1);
+    bool ok = end.SetUp((cmd[0] & kRefStaged) != 0 ? device : -1, span, block, cmd[0]) &&
+              WriteAll(fd, &ready, 1);
     for (uint64_t left = cmd[1]; ok && left > 0;) {
       const uint64_t n = std::min(left, round);
       if (mode == kRefSource) {
@@ -202,12 +226,13 @@ bool ReferenceStream(const std::string& host, uint16_t port, bool write, uint64_
   block = std::min<uint64_t>(block, 1ull << 30);
   const uint64_t span = std::max(block, mem.spread / block * block);
   RefEnd end;
-  bool ok = fd >= 0 && end.SetUp(mem.device, span, block);
+  bool ok = fd >= 0 && end.SetUp(mem.device, span, block, StagingBits(mem));
   if (ok) {
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    uint64_t cmd[5] = {(write ? kRefSink : kRefSource) | (mem.staged ? kRefStaged : 0), total,
-                       block, span, rounds.round};
+    uint64_t cmd[5] = {
+        (write ? kRefSink : kRefSource) | (mem.staged ? kRefStaged | StagingBits(mem) : 0), total,
+        block, span, rounds.round};
     char peer_ready;
     ok = WriteAll(fd, cmd, sizeof(cmd)) && ReadAll(fd, &peer_ready, 1);
   }

@@ -28,6 +28,12 @@ struct RefMemory {
   uint64_t spread = 0;  // above one block: both ends cycle through that many bytes
   int device = -1;      // 0 or more: this end stages that GPU's memory
   bool staged = false;  // the target's end stages its GPU's memory, if it has one
+  // The end that stages what it receives: writes each piece's cache lines
+  // back before its copy into the GPU, as the engine does (common/cache.h),
+  // and copies each `piece_kib` (0: the whole block; at most 65535) as soon
+  // as it is in, not once the block is.
+  bool write_back = false;
+  uint64_t piece_kib = 0;
 };
 
 // The physical reference of tcp: `total` bytes written to (or read from)

@@ -179,8 +179,8 @@ class CudaStagedPipe : public StagedPipe {
   Status Fetch(int slot, const void* src, size_t n) override {
     return Copy(slot, buf_[slot & 1], src, n, cudaMemcpyDeviceToHost);
   }
-  Status Store(int slot, void* dst, size_t n) override {
-    return Copy(slot, dst, buf_[slot & 1], n, cudaMemcpyHostToDevice);
+  Status Store(int slot, size_t at, void* dst, size_t n) override {
+    return Copy(slot, dst, buf_[slot & 1] + at, n, cudaMemcpyHostToDevice);
   }
   Status Wait(int slot) override {
     return Check(cudaEventSynchronize(done_[slot & 1]), "cudaEventSynchronize");

@@ -100,9 +100,10 @@ class StagedPipe {
   // Page-locked buffer `slot` (0 or 1) of `block` bytes.
   virtual char* buffer(int slot) = 0;
   // Enqueues buffer(slot) <- device `src` (Fetch) or device `dst` <-
-  // buffer(slot) (Store), `n` <= block bytes, after the slot's earlier copy.
+  // buffer(slot) + at (Store), `n` <= block bytes, after the slot's earlier
+  // copies.
   virtual Status Fetch(int slot, const void* src, size_t n) = 0;
-  virtual Status Store(int slot, void* dst, size_t n) = 0;
+  virtual Status Store(int slot, size_t at, void* dst, size_t n) = 0;
   // Blocks until the slot's copies are done.
   virtual Status Wait(int slot) = 0;
 };

@@ -95,6 +95,12 @@ struct Task {
   // payload has been handed to the socket, before any reply; may not run
   // at all where the task fails first.
   std::shared_ptr<std::function<void()>> on_sent;
+  // Set on a stand-in read into the transport's staging: runs on the socket
+  // thread for each `piece` bytes of the payload (the last may be short; 0:
+  // the whole) once they are in, as (offset, length), all of them before a
+  // successful Done. A checksummed read's payload goes whole, once checked.
+  std::shared_ptr<std::function<void(uint64_t at, uint64_t n)>> on_piece;
+  uint64_t piece = 0;
 
   void Done(const Status& s) const {
     if (on_done) {

@@ -336,9 +336,10 @@ TEST(Gpu, TracesAStagedReadsPayloadBeforeItsLanding) {
 // the peer (a new process) and this engine: FERRY_COPY_FLAGS=1, completions
 // seen through words the copier's streams write; FERRY_LANDING_LOOK_US, the
 // landing thread looking for its own copy's end (read once a process, so
-// here only if no earlier test has landed a chunk). GPU chunks go both ways
-// and land whole. A missed flag or look only delays a copy to the copier's
-// thread, which the bench measures, not this test.
+// here only if no earlier test has landed a chunk); FERRY_READ_PIECE_KIB,
+// reads into GPU memory landing 64 KiB at a time as they come in (read by
+// each engine). GPU chunks go both ways and land whole. A missed flag or look only delays a copy to
+// the copier's thread, which the bench measures, not this test.
 class GpuCompletionKnob : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(GpuCompletionKnob, CopiesLandWhole) {
@@ -350,7 +351,7 @@ TEST_P(GpuCompletionKnob, CopiesLandWhole) {
   auto p = test::StartPeer(kBytes, 0, 0, kBytes);
   EngineOptions o;
   o.transport = "tcp";
-  o.tcp_gpu_chunk_bytes = 64 << 10;
+  o.tcp_gpu_chunk_bytes = 256 << 10;  // four pieces a chunk
   auto e = Engine::Create(o);
   unsetenv(name.c_str());
   ASSERT_TRUE(p.ok()) << p.status().ToString();
@@ -378,7 +379,7 @@ TEST_P(GpuCompletionKnob, CopiesLandWhole) {
 
 INSTANTIATE_TEST_SUITE_P(Knobs, GpuCompletionKnob,
                          ::testing::Values("FERRY_COPY_FLAGS=1", "FERRY_LANDING_LOOK_US=1000",
-                                           "FERRY_READ_LANDING=0"));
+                                           "FERRY_READ_LANDING=0", "FERRY_READ_PIECE_KIB=64"));
 
 // Copier::CopyAndLook: `done` runs once, with the bytes in place, whether
 // the copy ends within the look (on this thread) or after it (on the
@@ -434,7 +435,8 @@ TEST(Gpu, CopyAndLookRunsDoneOnceWithTheBytesInPlace) {
 }
 
 // The bench's hand-staged reference: blocks stored through one buffer come
-// back through the other, each where it was put.
+// back through the other, each where it was put; a block stored in two
+// pieces lands whole.
 TEST(Gpu, StagedPipeMovesBlocksThroughBothBuffers) {
   SKIP_WITHOUT_GPU();
   constexpr size_t kBlock = 64 << 10;
@@ -449,8 +451,9 @@ TEST(Gpu, StagedPipeMovesBlocksThroughBothBuffers) {
   test::FillRandom(b.data(), kBlock, 2);
   std::copy(a.begin(), a.end(), p.buffer(0));
   std::copy(b.begin(), b.end(), p.buffer(1));
-  ASSERT_TRUE(p.Store(0, d, kBlock).ok());
-  ASSERT_TRUE(p.Store(1, d + kBlock, kBlock).ok());
+  ASSERT_TRUE(p.Store(0, 0, d, kBlock / 2).ok());
+  ASSERT_TRUE(p.Store(0, kBlock / 2, d + kBlock / 2, kBlock / 2).ok());
+  ASSERT_TRUE(p.Store(1, 0, d + kBlock, kBlock).ok());
   ASSERT_TRUE(p.Wait(0).ok());
   ASSERT_TRUE(p.Wait(1).ok());
   std::fill(p.buffer(0), p.buffer(0) + kBlock, 0);
@@ -465,14 +468,15 @@ TEST(Gpu, StagedPipeMovesBlocksThroughBothBuffers) {
 }
 
 // GPU memory over tcp is set against the same raw streams staging it by
-// hand, beside the host streams, both ways.
+// hand, beside the host streams, both ways; and, asked for, the same
+// streams staging with the receiver's write-back, whole and in pieces.
 TEST(Gpu, BenchSetsGpuTcpAgainstStreamsThatStageByHand) {
   SKIP_WITHOUT_GPU();
   for (const char* op : {"write", "read"}) {
     SCOPED_TRACE(op);
-    auto j =
-        test::RunBench({"--transport", "tcp", "--op", op, "--block-size", "1MiB", "--batch-size",
-                        "4", "--duration", "0.3", "--gpu-src", "0", "--gpu-dst", "0"});
+    auto j = test::RunBench({"--transport", "tcp", "--op", op, "--block-size", "1MiB",
+                             "--batch-size", "4", "--duration", "0.3", "--gpu-src", "0",
+                             "--gpu-dst", "0", "--ref-staged-variants"});
     ASSERT_TRUE(j.ok()) << j.status().ToString();
     EXPECT_EQ(j.value()["transport"], "tcp");
     EXPECT_GT(j.value()["reference_gbps"].get<double>(), 0) << "the host streams failed";
@@ -485,6 +489,10 @@ TEST(Gpu, BenchSetsGpuTcpAgainstStreamsThatStageByHand) {
     EXPECT_GT(j.value()["streams_beside_link_gbps"].get<double>(), 0);
     ASSERT_TRUE(j.value().contains("copy_in_written_gbps")) << "GPU memory at the destination";
     EXPECT_GT(j.value()["copy_in_written_back_gbps"].get<double>(), 0);
+    ASSERT_EQ(j.value()["reference_staged_variants"].size(), 4u);
+    for (const auto& v : j.value()["reference_staged_variants"]) {
+      EXPECT_GT(v["gbps"].get<double>(), 0) << "staged streams failed: " << v.dump();
+    }
   }
 }
 

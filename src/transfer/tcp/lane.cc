@@ -354,6 +354,7 @@ void Lane::OnReply(uint64_t gen) {
     self->Pump();
     self->ReadReply(gen);
   };
+  if (t.on_piece != nullptr && !crc) return ReadPieces(gen, 0, have);
   if (have == t.length) return landed(asio::error_code());
   // The inbox is empty (the payload took all of it). A small read's receive
   // that ends the payload fills it with what came after, the next reply's
@@ -362,6 +363,36 @@ void Lane::OnReply(uint64_t gen) {
   in_begin_ = in_end_ = 0;
   tail_ = {inbox_, t.length <= kTailedReadBytes ? sizeof(inbox_) : 0, 0};
   AsyncReadPayload(sock_, t.local + have, t.length - have, &lowat_, std::move(landed), &tail_);
+}
+
+// The rest of a read's payload, a piece at a time (Task::on_piece): the piece
+// from `from`, whose bytes before `at` are in, then the next; the last one
+// completes the read. Its receive alone fills the inbox after it, as a
+// small read's does.
+void Lane::ReadPieces(uint64_t gen, uint64_t from, uint64_t at) {
+  const Task& t = inflight_.front().task;
+  const uint64_t end = t.piece > 0 ? std::min(t.length, from + t.piece) : t.length;
+  auto in = [self = shared_from_this(), gen, from, end](asio::error_code ec) {
+    if (gen != self->gen_) return;
+    if (ec) {
+      return self->Fail(Status::ConnectionLost(self->cfg_.peer_name + " closed mid-payload"));
+    }
+    self->last_progress_ = Clock::now();
+    const Task& t = self->inflight_.front().task;
+    (*t.on_piece)(from, end - from);
+    if (end < t.length) return self->ReadPieces(gen, end, end);
+    self->in_end_ += self->tail_.got;
+    self->tail_.got = 0;
+    self->Complete(Status::Ok());
+    self->Pump();
+    self->ReadReply(gen);
+  };
+  tail_ = {inbox_, 0, 0};
+  if (at == end) return in(asio::error_code());  // the inbox held it
+  // Only a piece that is not in yet gets here, so the inbox is empty.
+  in_begin_ = in_end_ = 0;
+  if (end == t.length && t.length <= kTailedReadBytes) tail_.cap = sizeof(inbox_);
+  AsyncReadPayload(sock_, t.local + at, end - at, &lowat_, std::move(in), &tail_);
 }
 
 // The trailer of a checksummed read whose payload is in: a mismatch fails
@@ -385,6 +416,7 @@ void Lane::ReadChecked(uint64_t gen) {
                                            fmt::format("{:x}", t.remote) +
                                            " arrived corrupted (checksum mismatch)"));
     } else {
+      if (t.on_piece != nullptr) (*t.on_piece)(0, t.length);  // checked, it goes on whole
       self->Complete(Status::Ok());
     }
     self->ReadReply(gen);

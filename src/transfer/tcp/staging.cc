@@ -77,6 +77,12 @@ bool ReadsLandInline() {
   return inline_;
 }
 
+uint64_t ReadPieceBytes() {
+  // At least 64 KiB: the pieces of a read may follow one another on the
+  // socket thread's stack, a frame each (a 64 MiB chunk makes 1,024).
+  return static_cast<uint64_t>(env::GetIntIn("FERRY_READ_PIECE_KIB", 64, 65536, 0)) << 10;
+}
+
 int LandingLookUs() {
   // 0 by default: the copier's thread sees each landing's copy done. Traced
   // on an H100 (2026-12-06), that thread, sharing its core with an io

@@ -67,6 +67,13 @@ int LandingLookUs();
 // as chunks into GPU memory at the target always do.
 bool ReadsLandInline();
 
+// FERRY_READ_PIECE_KIB (64 to 65536; unset, 0): where set, a read into
+// GPU memory landing on the socket thread is written back and copied a piece
+// of this many KiB at a time, as its payload comes in (Task::on_piece),
+// rather than whole once it is in. A knob to compare; read by each engine
+// when it is made.
+uint64_t ReadPieceBytes();
+
 // Moves `n` bytes just received into staging `buf` to GPU memory at `dst`:
 // writes the buffer's cache lines back for the DMA (common/cache.h), then
 // enqueues the host-to-device copy after `ready`. With a `pool`, both

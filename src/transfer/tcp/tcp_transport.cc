@@ -13,6 +13,7 @@
 #include <functional>
 #include <mutex>
 
+#include "common/cache.h"
 #include "common/cpu_quota.h"
 #include "common/env.h"
 #include "common/event_trace.h"
@@ -78,17 +79,19 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
   // `gpu` carries the chunks that touch GPU memory; it may be `host`.
   // Of `staging`'s buffers, `gpu_cap` is the most that chunks into GPU
   // memory at the target hold at once, `read_cap` the most that reads into
-  // GPU memory here only do.
+  // GPU memory here only do. `read_piece`: ReadPieceBytes, for reads that
+  // land inline (a null `landing`).
   TcpEndpoint(std::shared_ptr<LaneGroup> host, std::shared_ptr<LaneGroup> gpu, gpu::Copier* copier,
               std::unique_ptr<StagingPool> staging, size_t gpu_cap, size_t read_cap,
-              ThreadPool* landing)
+              ThreadPool* landing, uint64_t read_piece)
       : host_(std::move(host)),
         gpu_(std::move(gpu)),
         copier_(copier),
         staging_(std::move(staging)),
         gpu_there_{gpu_cap, 0, {}},
         reads_here_{read_cap, 0, {}},
-        landing_(landing) {}
+        landing_(landing),
+        read_piece_(landing == nullptr ? read_piece : 0) {}
   ~TcpEndpoint() override { Close(); }
 
   void Post(std::vector<Task> tasks) override {
@@ -225,6 +228,7 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
       FERRY_TRACE(trace::kStagedEnqueued, t.remote);
       return;
     }
+    if (read_piece_ > 0 && read_piece_ < t.length) return StartPieces(std::move(t), buf);
     LanesFor(t).Post({StandIn(t, buf, [self, t, buf](const Status& s) {
       if (!s.ok()) {
         self->Release(buf, self->CapFor(t));
@@ -239,6 +243,43 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
     })});
   }
 
+  // A read into GPU memory whose pieces land as they come in: each piece's
+  // lines are written back and its copy enqueued on the socket thread. The
+  // buffer goes back, and the read completes, once the receive has ended and
+  // every copy it started has.
+  void StartPieces(Task t, char* buf) {
+    struct Landing {
+      std::mutex mu;
+      int pending = 1;  // the receive, and each copy in flight
+      Status first;     // the first error
+    };
+    auto self = shared_from_this();
+    auto landing = std::make_shared<Landing>();
+    auto finish = [self, t, buf, landing](const Status& st) {
+      Status result;
+      {
+        std::lock_guard lk(landing->mu);
+        if (!st.ok() && landing->first.ok()) landing->first = st;
+        if (--landing->pending > 0) return;
+        result = landing->first;
+      }
+      self->Release(buf, self->CapFor(t));
+      t.Done(result);
+    };
+    Task h = StandIn(t, buf, finish);
+    h.piece = read_piece_;
+    h.on_piece = std::make_shared<std::function<void(uint64_t, uint64_t)>>(
+        [self, t, buf, landing, finish](uint64_t at, uint64_t n) {
+          {
+            std::lock_guard lk(landing->mu);
+            ++landing->pending;
+          }
+          WriteBackForDma(buf + at, n);
+          self->copier_->CopyAsync(t.local + at, buf + at, n, t.gpu_device, t.ready, finish);
+        });
+    LanesFor(t).Post({std::move(h)});
+  }
+
   const std::shared_ptr<LaneGroup> host_;
   const std::shared_ptr<LaneGroup> gpu_;  // host_ where the lanes are the same
   gpu::Copier* copier_;
@@ -246,6 +287,7 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
   std::mutex cap_mu_;
   Cap gpu_there_, reads_here_;    // see CapFor
   ThreadPool* landing_;           // see LandStaged; null: inline
+  const uint64_t read_piece_;     // a read's pieces, landing inline; 0: whole
 };
 
 // Thread counts that grow with the machine.
@@ -383,7 +425,7 @@ class TcpTransport : public Transport {
     return std::shared_ptr<Endpoint>(std::make_shared<TcpEndpoint>(
         std::move(host), std::move(gpu), ctx_.copier, std::move(staging),
         static_cast<size_t>(gpu_lanes * cfg.gpu_window), static_cast<size_t>(lane_windows),
-        ReadsLandInline() ? nullptr : landing_.get()));
+        ReadsLandInline() ? nullptr : landing_.get(), read_piece_));
   }
 
  private:
@@ -394,6 +436,7 @@ class TcpTransport : public Transport {
   // landing_threads 0 (inline), or once stopped. Declared after target_,
   // whose staging its jobs use.
   std::unique_ptr<ThreadPool> landing_;
+  const uint64_t read_piece_ = ReadPieceBytes();  // read once an engine
 };
 
 }  // namespace
