@@ -58,6 +58,19 @@ class Copier {
   virtual void CopyManyAsync(std::vector<Copy> copies, int device,
                              std::shared_ptr<ReadyEvent> ready) = 0;
 
+  // Copies enqueued one after another on one private stream of a device,
+  // all after `ready`: each Add costs the calling thread one enqueue and no
+  // completion of its own; End runs `done` on the completion thread once
+  // every copy added has landed, or with the first error. For a receive that
+  // hands its bytes on as they come in. Not thread safe; End exactly once.
+  class Run {
+   public:
+    virtual ~Run() = default;
+    virtual Status Add(void* dst, const void* src, size_t length) = 0;
+    virtual void End(std::function<void(const Status&)> done) = 0;
+  };
+  virtual std::unique_ptr<Run> StartRun(int device, std::shared_ptr<ReadyEvent> ready) = 0;
+
   // Stream-ordered path (R5). OK when copies may be enqueued on `stream`;
   // NotSupported while it is being captured into a graph.
   virtual Status CheckStream(void* stream) = 0;

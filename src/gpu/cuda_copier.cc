@@ -228,6 +228,47 @@ class CudaCopier : public Copier {
     }
   }
 
+  class CudaRun : public Run {
+   public:
+    CudaRun(CudaCopier& c, int device, std::shared_ptr<ReadyEvent> ready)
+        : c_(c), device_(device), ready_(std::move(ready)) {
+      if (device < 0 || static_cast<size_t>(device) >= c.pools_.size()) {
+        error_ = Status::InvalidArgument("no such GPU");
+        return;
+      }
+      DevicePool& pool = *c.pools_[static_cast<size_t>(device)];
+      s_ = pool.streams[pool.next.fetch_add(1) % pool.streams.size()];
+      DeviceGuard guard(device);
+      if (ready_) {
+        cudaError_t err = cudaStreamWaitEvent(s_, ready_->event, 0);
+        if (err != cudaSuccess) error_ = CudaError(err, "waiting on readiness");
+      }
+    }
+    Status Add(void* dst, const void* src, size_t length) override {
+      if (!error_.ok()) return error_;
+      DeviceGuard guard(device_);
+      cudaError_t err = cudaMemcpyAsync(dst, src, length, cudaMemcpyDefault, s_);
+      if (err != cudaSuccess) error_ = CudaError(err, "enqueueing a GPU copy");
+      return error_;
+    }
+    void End(std::function<void(const Status&)> done) override {
+      if (!error_.ok()) return done(error_);
+      DeviceGuard guard(device_);
+      c_.Track(s_, device_, std::move(ready_), std::move(done), true);
+    }
+
+   private:
+    CudaCopier& c_;
+    const int device_;
+    std::shared_ptr<ReadyEvent> ready_;
+    cudaStream_t s_ = nullptr;
+    Status error_;
+  };
+
+  std::unique_ptr<Run> StartRun(int device, std::shared_ptr<ReadyEvent> ready) override {
+    return std::make_unique<CudaRun>(*this, device, std::move(ready));
+  }
+
   Status CheckStream(void* stream) override {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     cudaError_t err = cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture);

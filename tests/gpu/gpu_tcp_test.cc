@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -380,6 +381,44 @@ TEST_P(GpuCompletionKnob, CopiesLandWhole) {
 INSTANTIATE_TEST_SUITE_P(Knobs, GpuCompletionKnob,
                          ::testing::Values("FERRY_COPY_FLAGS=1", "FERRY_LANDING_LOOK_US=1000",
                                            "FERRY_READ_LANDING=0", "FERRY_READ_PIECE_KIB=64"));
+
+// Copier::Run: pieces added one by one land in order, End sees them all;
+// a run on a GPU that is not there fails its Add and its End.
+TEST(Gpu, CopierRunLandsEveryPieceBeforeItsEnd) {
+  SKIP_WITHOUT_GPU();
+  auto copier = gpu::Copier::Create();
+  ASSERT_TRUE(copier.ok()) << copier.status().ToString();
+  constexpr size_t kBytes = 4 << 20, kPiece = 256 << 10;
+  auto src = gpu::AllocPinned(kBytes);
+  auto back = gpu::AllocPinned(kBytes);
+  auto dev = gpu::AllocDevice(kBytes, 0);
+  ASSERT_TRUE(src.ok() && back.ok() && dev.ok());
+  char* s = static_cast<char*>(src.value());
+  test::FillRandom(s, kBytes, 77);
+  auto run = copier.value()->StartRun(0, nullptr);
+  for (size_t at = 0; at < kBytes; at += kPiece) {
+    ASSERT_TRUE(run->Add(static_cast<char*>(dev.value()) + at, s + at, kPiece).ok());
+  }
+  std::promise<Status> ended;
+  run->End([&](const Status& st) { ended.set_value(st); });
+  auto f = ended.get_future();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  ASSERT_TRUE(f.get().ok());
+  std::promise<Status> back_done;
+  copier.value()->CopyAsync(back.value(), dev.value(), kBytes, 0, nullptr,
+                            [&](const Status& st) { back_done.set_value(st); });
+  ASSERT_TRUE(back_done.get_future().get().ok());
+  EXPECT_EQ(std::memcmp(back.value(), s, kBytes), 0);
+
+  auto bad = copier.value()->StartRun(gpu::DeviceCount(), nullptr);
+  EXPECT_EQ(bad->Add(dev.value(), s, kPiece).code(), StatusCode::kInvalidArgument);
+  Status end_status;
+  bad->End([&](const Status& st) { end_status = st; });
+  EXPECT_EQ(end_status.code(), StatusCode::kInvalidArgument);
+  gpu::FreePinned(src.value());
+  gpu::FreePinned(back.value());
+  gpu::FreeDevice(dev.value());
+}
 
 // Copier::CopyAndLook: `done` runs once, with the bytes in place, whether
 // the copy ends within the look (on this thread) or after it (on the
