@@ -354,7 +354,7 @@ void Lane::OnReply(uint64_t gen) {
     self->Pump();
     self->ReadReply(gen);
   };
-  if (t.on_piece != nullptr && !crc) return ReadPieces(gen, 0, have);
+  if (t.on_piece != nullptr && !crc) return ReadPieces(gen, have);
   if (have == t.length) return landed(asio::error_code());
   // The inbox is empty (the payload took all of it). A small read's receive
   // that ends the payload fills it with what came after, the next reply's
@@ -365,22 +365,26 @@ void Lane::OnReply(uint64_t gen) {
   AsyncReadPayload(sock_, t.local + have, t.length - have, &lowat_, std::move(landed), &tail_);
 }
 
-// The rest of a read's payload, a piece at a time (Task::on_piece): the piece
-// from `from`, whose bytes before `at` are in, then the next; the last one
-// completes the read. Its receive alone fills the inbox after it, as a
-// small read's does.
-void Lane::ReadPieces(uint64_t gen, uint64_t from, uint64_t at) {
+// The rest of a read's payload, from `at`, received as a whole payload is
+// (the same calls), each whole piece handed on (Task::on_piece) as soon as
+// a receive completes it; the last with the read.
+void Lane::ReadPieces(uint64_t gen, uint64_t at) {
   const Task& t = inflight_.front().task;
-  const uint64_t end = t.piece > 0 ? std::min(t.length, from + t.piece) : t.length;
-  auto in = [self = shared_from_this(), gen, from, end](asio::error_code ec) {
+  const uint64_t piece = t.piece > 0 ? t.piece : t.length;
+  auto handed = std::make_shared<uint64_t>(0);  // the payload's bytes handed on
+  auto hand = [on_piece = t.on_piece, piece, length = t.length, handed](uint64_t in) {
+    while (in - *handed >= piece || (in == length && *handed < length)) {
+      const uint64_t n = std::min(piece, length - *handed);
+      (*on_piece)(*handed, n);
+      *handed += n;
+    }
+  };
+  auto in = [self = shared_from_this(), gen, hand](asio::error_code ec) {
     if (gen != self->gen_) return;
     if (ec) {
       return self->Fail(Status::ConnectionLost(self->cfg_.peer_name + " closed mid-payload"));
     }
-    self->last_progress_ = Clock::now();
-    const Task& t = self->inflight_.front().task;
-    (*t.on_piece)(from, end - from);
-    if (end < t.length) return self->ReadPieces(gen, end, end);
+    hand(self->inflight_.front().task.length);
     self->in_end_ += self->tail_.got;
     self->tail_.got = 0;
     self->Complete(Status::Ok());
@@ -388,11 +392,12 @@ void Lane::ReadPieces(uint64_t gen, uint64_t from, uint64_t at) {
     self->ReadReply(gen);
   };
   tail_ = {inbox_, 0, 0};
-  if (at == end) return in(asio::error_code());  // the inbox held it
-  // Only a piece that is not in yet gets here, so the inbox is empty.
-  in_begin_ = in_end_ = 0;
-  if (end == t.length && t.length <= kTailedReadBytes) tail_.cap = sizeof(inbox_);
-  AsyncReadPayload(sock_, t.local + at, end - at, &lowat_, std::move(in), &tail_);
+  if (at == t.length) return in(asio::error_code());  // the inbox held it
+  in_begin_ = in_end_ = 0;                            // the payload took all the inbox had
+  if (t.length <= kTailedReadBytes) tail_.cap = sizeof(inbox_);
+  auto received = std::make_shared<uint64_t>(at);
+  AsyncReadPayload(sock_, t.local + at, t.length - at, &lowat_, std::move(in), &tail_,
+                   [hand, received](uint64_t n) { hand(*received += n); });
 }
 
 // The trailer of a checksummed read whose payload is in: a mismatch fails

@@ -155,7 +155,7 @@ class Lane : public std::enable_shared_from_this<Lane> {
   void OnTimer();
   Status Remote(const wire::Header& h, bool crc) const;
   void ReadChecked(uint64_t gen);
-  void ReadPieces(uint64_t gen, uint64_t from, uint64_t at);
+  void ReadPieces(uint64_t gen, uint64_t at);
 
   asio::strand<asio::io_context::executor_type> strand_;
   asio::ip::tcp::socket sock_;

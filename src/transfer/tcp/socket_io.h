@@ -30,9 +30,15 @@ inline void SetRcvLowat(int fd, RcvLowat* lowat, int want) {
 // after it, up to the tail's room: a stream of frames then costs one receive
 // each instead of two (payload, then the next header). `tail` must outlive
 // the read.
-template <typename Handler>
+//
+// `progress(n)` runs after each receive that brought `n` more payload bytes.
+struct NoProgress {
+  void operator()(uint64_t) const {}
+};
+
+template <typename Handler, typename Progress = NoProgress>
 void AsyncReadPayload(asio::ip::tcp::socket& sock, char* dst, uint64_t left, RcvLowat* lowat,
-                      Handler handler, ReceiveTail* tail = nullptr) {
+                      Handler handler, ReceiveTail* tail = nullptr, Progress progress = {}) {
   const int fd = sock.native_handle();
   while (left > 0) {
     ssize_t n;
@@ -51,6 +57,7 @@ void AsyncReadPayload(asio::ip::tcp::socket& sock, char* dst, uint64_t left, Rcv
       dst += took;
       left -= took;
       if (tail != nullptr) tail->got += static_cast<size_t>(n) - took;
+      progress(took);
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
@@ -67,15 +74,16 @@ void AsyncReadPayload(asio::ip::tcp::socket& sock, char* dst, uint64_t left, Rcv
   // Never ask for more than remains, or the last bytes would never wake us.
   SetRcvLowat(fd, lowat,
               static_cast<int>(std::clamp<uint64_t>(static_cast<uint64_t>(lowat->ceiling), 1, left)));
-  sock.async_wait(
-      asio::ip::tcp::socket::wait_read,
-      [&sock, dst, left, lowat, tail, handler = std::move(handler)](asio::error_code ec) mutable {
-        if (ec) {
-          SetRcvLowat(sock.native_handle(), lowat, 1);
-          return handler(ec);
-        }
-        AsyncReadPayload(sock, dst, left, lowat, std::move(handler), tail);
-      });
+  sock.async_wait(asio::ip::tcp::socket::wait_read,
+                  [&sock, dst, left, lowat, tail, handler = std::move(handler),
+                   progress = std::move(progress)](asio::error_code ec) mutable {
+                    if (ec) {
+                      SetRcvLowat(sock.native_handle(), lowat, 1);
+                      return handler(ec);
+                    }
+                    AsyncReadPayload(sock, dst, left, lowat, std::move(handler), tail,
+                                     std::move(progress));
+                  });
 }
 
 }  // namespace ferry

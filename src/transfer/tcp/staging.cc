@@ -78,8 +78,6 @@ bool ReadsLandInline() {
 }
 
 uint64_t ReadPieceBytes() {
-  // At least 64 KiB: the pieces of a read may follow one another on the
-  // socket thread's stack, a frame each (a 64 MiB chunk makes 1,024).
   return static_cast<uint64_t>(env::GetIntIn("FERRY_READ_PIECE_KIB", 64, 65536, 0)) << 10;
 }
 
