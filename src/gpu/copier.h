@@ -61,8 +61,10 @@ class Copier {
   // Copies enqueued one after another on one private stream of a device,
   // all after `ready`: each Add costs the calling thread one enqueue and no
   // completion of its own; End runs `done` on the completion thread once
-  // every copy added has landed, or with the first error. For a receive that
-  // hands its bytes on as they come in. Not thread safe; End exactly once.
+  // every copy added has landed, or with the first error (an Add that fails
+  // returns it, and every later Add and the End report it). For a receive
+  // that hands its bytes on as they come in. Not thread safe; End exactly
+  // once.
   class Run {
    public:
     virtual ~Run() = default;

@@ -68,10 +68,10 @@ int LandingLookUs();
 bool ReadsLandInline();
 
 // FERRY_READ_PIECE_KIB (64 to 65536; unset, 0): where set, a read into
-// GPU memory landing on the socket thread is written back and copied a piece
-// of this many KiB at a time, as its payload comes in (Task::on_piece),
-// rather than whole once it is in. A knob to compare; read by each engine
-// when it is made.
+// GPU memory landing on the socket thread is copied a piece of this many
+// KiB at a time, without the write-back, as its payload comes in
+// (Task::on_piece), rather than whole once it is in. A knob to compare;
+// read by each engine when it is made.
 uint64_t ReadPieceBytes();
 
 // Moves `n` bytes just received into staging `buf` to GPU memory at `dst`:
