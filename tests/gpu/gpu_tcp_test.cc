@@ -339,8 +339,9 @@ TEST(Gpu, TracesAStagedReadsPayloadBeforeItsLanding) {
 // landing thread looking for its own copy's end (read once a process, so
 // here only if no earlier test has landed a chunk); FERRY_READ_PIECE_KIB,
 // reads into GPU memory landing 64 KiB at a time as they come in (read by
-// each engine). GPU chunks go both ways and land whole. A missed flag or look only delays a copy to
-// the copier's thread, which the bench measures, not this test.
+// each engine). GPU chunks go both ways and land whole. A missed flag or
+// look only delays a copy to the copier's thread, which the bench
+// measures, not this test.
 class GpuCompletionKnob : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(GpuCompletionKnob, CopiesLandWhole) {
@@ -382,7 +383,7 @@ INSTANTIATE_TEST_SUITE_P(Knobs, GpuCompletionKnob,
                          ::testing::Values("FERRY_COPY_FLAGS=1", "FERRY_LANDING_LOOK_US=1000",
                                            "FERRY_READ_LANDING=0", "FERRY_READ_PIECE_KIB=64"));
 
-// Copier::Run: pieces added one by one land in order, End sees them all;
+// Copier::Run: pieces added one by one all land before End reports;
 // a run on a GPU that is not there fails its Add and its End.
 TEST(Gpu, CopierRunLandsEveryPieceBeforeItsEnd) {
   SKIP_WITHOUT_GPU();
