@@ -310,18 +310,12 @@ int RunInitiator(const BenchArgs& a) {
       mem.staged = true;
       ref_staged = ReferenceTcp(ref_host, a.ref_port, op == Op::kWrite, total, a.block_size,
                                 ref_streams, mem);
-      // Can staging itself cost less? The receiving end's write-back, and
-      // pieces handed to the GPU while their lines may still be in cache.
-      using Variant = std::pair<bool, uint64_t>;  // write-back, piece KiB
-      const std::vector<Variant> variants = {{true, 0}, {true, 256}, {true, 64}, {false, 256}};
-      for (auto [wb, kib] : a.ref_staged_variants ? variants : std::vector<Variant>{}) {
-        RefMemory v = mem;
-        v.write_back = wb;
-        v.piece_kib = kib;
-        staged_variants.push_back({{"write_back", wb},
-                                   {"piece_kib", kib},
-                                   {"gbps", ReferenceTcp(ref_host, a.ref_port, op == Op::kWrite,
-                                                         total, a.block_size, ref_streams, v)}});
+      if (a.ref_staged_variants) {
+        for (const StagedVariant& v : ReferenceStagedVariants(
+                 ref_host, a.ref_port, op == Op::kWrite, total, a.block_size, ref_streams, mem)) {
+          staged_variants.push_back(
+              {{"write_back", v.write_back}, {"piece_kib", v.piece_kib}, {"gbps", v.gbps}});
+        }
       }
       // And the GPU's link alone, its copies as big as the engine's chunks
       // at least: the most any staged path could move.

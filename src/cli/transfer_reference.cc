@@ -304,6 +304,19 @@ double ReferenceTcp(const std::string& host, uint16_t port, bool write, uint64_t
   return failed.load() == 0 ? static_cast<double>(total) / secs / 1e9 : 0;
 }
 
+std::vector<StagedVariant> ReferenceStagedVariants(const std::string& host, uint16_t port,
+                                                   bool write, uint64_t total, uint64_t block,
+                                                   int streams, const RefMemory& mem) {
+  std::vector<StagedVariant> out = {{true, 0, 0}, {true, 256, 0}, {true, 64, 0}, {false, 256, 0}};
+  for (StagedVariant& v : out) {
+    RefMemory m = mem;
+    m.write_back = v.write_back;
+    m.piece_kib = v.piece_kib;
+    v.gbps = ReferenceTcp(host, port, write, total, block, streams, m);
+  }
+  return out;
+}
+
 double ReferenceMemcpy(uint64_t block, double seconds) {
   std::vector<char> src(block, 3), dst(block, 0);
   std::memcpy(dst.data(), src.data(), block);  // fault the pages in first

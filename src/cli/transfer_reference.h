@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace ferry::cli {
 
@@ -50,6 +51,18 @@ struct RefMemory {
 // wake-up, so this is the least a batch boundary costs raw sockets.
 double ReferenceTcp(const std::string& host, uint16_t port, bool write, uint64_t total,
                     uint64_t block, int streams, const RefMemory& mem, uint64_t batch = 0);
+
+// Can staging itself cost less? ReferenceTcp over `mem` (GPU memory staged
+// by hand) with the receiving end changed: its write-back, whole and in 256
+// and 64 KiB pieces, then 256 KiB pieces without it. Each with its GB/s.
+struct StagedVariant {
+  bool write_back;
+  uint64_t piece_kib;
+  double gbps;
+};
+std::vector<StagedVariant> ReferenceStagedVariants(const std::string& host, uint16_t port,
+                                                   bool write, uint64_t total, uint64_t block,
+                                                   int streams, const RefMemory& mem);
 
 // GB/s of a single thread copying `block` bytes over and over for `seconds`.
 double ReferenceMemcpy(uint64_t block, double seconds);
