@@ -48,6 +48,12 @@ enum Stage : uint32_t {
   // Initiator: a staged read's payload is in its staging buffer, before
   // the hand-off to land it (key: the device address, as kLandStart's).
   kStagedReadIn = 24,
+  // How long one cudaMemcpyAsync took to enqueue, marked at its end (key:
+  // the copy's KiB << 32 | its ns): the copier's (kCopyEnqueued), and the
+  // hand-staged reference streams' (kRefCopyEnqueued), to set one against
+  // the other.
+  kCopyEnqueued = 25,
+  kRefCopyEnqueued = 26,
 };
 
 namespace detail {

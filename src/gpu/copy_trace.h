@@ -5,6 +5,8 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 
 #include "common/event_trace.h"
@@ -33,6 +35,27 @@ class GpuClock {
 // with the span in ns as the key, a look whose CUDA queries or done
 // callbacks took over 30 us in all, and a gap of over 30 us between a look
 // that left copies pending and the next.
+// Traced runs: the enqueue of a copy of `bytes`, for as long as the timer
+// lives, marked as `stage` (key: KiB << 32 | ns).
+class EnqueueTimer {
+ public:
+  EnqueueTimer(trace::Stage stage, size_t bytes)
+      : stage_(stage), kib_(bytes >> 10), at_(trace::On() ? trace::NowNs() : 0) {}
+  ~EnqueueTimer() {
+    if (at_ == 0) return;
+    const int64_t now = trace::NowNs();
+    const auto ns = std::min<uint64_t>(static_cast<uint64_t>(now - at_), 0xffffffffu);
+    trace::MarkAt(stage_, kib_ << 32 | ns, now);
+  }
+  EnqueueTimer(const EnqueueTimer&) = delete;
+  EnqueueTimer& operator=(const EnqueueTimer&) = delete;
+
+ private:
+  const trace::Stage stage_;
+  const uint64_t kib_;
+  const int64_t at_;
+};
+
 class LookTimer {
  public:
   void LookStarts() {

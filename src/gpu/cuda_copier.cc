@@ -36,7 +36,11 @@ struct DevicePool {
   GpuClock clock;                        // traced runs only
 };
 
-constexpr int kStreamsPerDevice = 4;
+// FERRY_COPY_STREAMS (1-64, default 4): the private streams of each device.
+int StreamsPerDevice() {
+  static const int n = static_cast<int>(env::GetIntIn("FERRY_COPY_STREAMS", 1, 64, 4));
+  return n;
+}
 constexpr int kEventsPerDevice = 256;
 
 // The device of a caller's stream. The default and per-thread handles belong
@@ -78,7 +82,7 @@ class CudaCopier : public Copier {
       auto pool = std::make_unique<DevicePool>();
       DeviceGuard guard(d);
       cudaError_t err = cudaSuccess;
-      for (int i = 0; err == cudaSuccess && i < kStreamsPerDevice; ++i) {
+      for (int i = 0; err == cudaSuccess && i < StreamsPerDevice(); ++i) {
         cudaStream_t s;
         err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
         if (err == cudaSuccess) pool->streams.push_back(s);
@@ -155,7 +159,10 @@ class CudaCopier : public Copier {
     if (ready) err = cudaStreamWaitEvent(s, ready->event, 0);
     cudaEvent_t start = nullptr;
     if (err == cudaSuccess && trace::On()) start = StartTimed(dst, device, s);
-    if (err == cudaSuccess) err = cudaMemcpyAsync(dst, src, length, cudaMemcpyDefault, s);
+    if (err == cudaSuccess) {
+      EnqueueTimer timed(trace::kCopyEnqueued, length);
+      err = cudaMemcpyAsync(dst, src, length, cudaMemcpyDefault, s);
+    }
     if (err != cudaSuccess) {
       if (start != nullptr) GiveEvent(device, start);
       return done(CudaError(err, "enqueueing a GPU copy"));
@@ -247,6 +254,7 @@ class CudaCopier : public Copier {
     Status Add(void* dst, const void* src, size_t length) override {
       if (!error_.ok()) return error_;
       DeviceGuard guard(device_);
+      EnqueueTimer timed(trace::kCopyEnqueued, length);
       cudaError_t err = cudaMemcpyAsync(dst, src, length, cudaMemcpyDefault, s_);
       if (err != cudaSuccess) error_ = CudaError(err, "enqueueing a GPU copy");
       return error_;

@@ -16,6 +16,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/event_trace.h"
@@ -331,6 +332,37 @@ TEST(Gpu, TracesAStagedReadsPayloadBeforeItsLanding) {
       EXPECT_EQ(in.erase(e.key), 1u) << "a landing with no payload seen in before it";
     }
   }
+}
+
+// A read into GPU memory landing in 256 KiB pieces, traced: each 1 MiB
+// chunk's payload is seen in, then its copies seen done, and it took four
+// enqueues of 256 KiB; the hand-staged streams of the same run mark their
+// own enqueues, of whole 1 MiB blocks.
+TEST(Gpu, TracesEachCopysEnqueueWithItsSize) {
+  SKIP_WITHOUT_GPU();
+  setenv("FERRY_READ_PIECE_KIB", "256", 1);
+  std::vector<test::TraceEvent> events;
+  auto j = test::RunTracedBench({"--op", "read", "--gpu-dst", "0"}, &events);
+  unsetenv("FERRY_READ_PIECE_KIB");
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  std::map<std::pair<unsigned, uint64_t>, int> enqueues;  // (stage, KiB)
+  std::map<uint64_t, int> in;                             // payloads in, not yet seen landed
+  int reads = 0;
+  for (const auto& e : events) {
+    if (e.stage == trace::kCopyEnqueued || e.stage == trace::kRefCopyEnqueued) {
+      ++enqueues[std::make_pair(e.stage, e.key >> 32)];
+    } else if (e.stage == trace::kStagedReadIn) {
+      ++in[e.key];
+      ++reads;
+    } else if (e.stage == trace::kLandCopyDone) {
+      EXPECT_GT(in[e.key]--, 0) << "a piecewise read seen landed before its payload was in";
+    }
+  }
+  ASSERT_GT(reads, 0);
+  auto count = [&](unsigned stage, uint64_t kib) { return enqueues[std::make_pair(stage, kib)]; };
+  EXPECT_EQ(count(trace::kCopyEnqueued, 256), 4 * reads);
+  EXPECT_EQ(count(trace::kCopyEnqueued, 1024), 0);
+  EXPECT_GT(count(trace::kRefCopyEnqueued, 1024), 0);
 }
 
 // The knobs that change who sees a copy into the GPU done, each set for

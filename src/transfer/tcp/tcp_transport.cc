@@ -252,7 +252,9 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
     std::shared_ptr<gpu::Copier::Run> run = copier_->StartRun(t.gpu_device, t.ready);
     Task h = StandIn(t, buf, [self, t, buf, run](const Status& s) {
       // A failed receive still waits for the copies it started, which read `buf`.
+      FERRY_TRACE(trace::kStagedReadIn, reinterpret_cast<uint64_t>(t.local));
       run->End([self, t, buf, s](const Status& copied) {
+        FERRY_TRACE(trace::kLandCopyDone, reinterpret_cast<uint64_t>(t.local));
         self->Release(buf, self->CapFor(t));
         t.Done(s.ok() ? copied : s);
       });
