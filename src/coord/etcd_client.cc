@@ -162,6 +162,10 @@ std::string EtcdClient::current_endpoint() const {
   return impl_->endpoint(impl_->current());
 }
 
+void EtcdClient::InjectFaults(std::function<Status(std::string_view rpc)> fault) {
+  impl_->set_fault(std::move(fault));
+}
+
 Result<std::optional<KeyValue>> EtcdClient::Get(std::string_view key) {
   pb::RangeRequest req;
   req.set_key(std::string(key));

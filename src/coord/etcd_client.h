@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -143,6 +144,11 @@ class EtcdClient {
   Result<int64_t> LeaseKeepAliveOnce(LeaseId id);
   // The lease's remaining seconds; NotFound when it expired or was revoked.
   Result<int64_t> LeaseTimeToLive(LeaseId id);
+
+  // Tests only, before the client is shared: `fault` is asked before each
+  // call with its RPC's name ("Range", "Txn", "LeaseKeepAlive", ...); an
+  // error it returns fails that call, which is then not sent.
+  void InjectFaults(std::function<Status(std::string_view rpc)> fault);
 
   class Impl;
   Impl& impl() { return *impl_; }  // for etcd_watch.cc and lease_keeper.cc

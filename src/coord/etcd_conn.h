@@ -6,6 +6,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -47,6 +48,7 @@ class EtcdClient::Impl {
   // under way keep the old channel until they end.
   void Revive(size_t i);
   Millis timeout() const { return timeout_; }
+  void set_fault(std::function<Status(std::string_view)> fault) { fault_ = std::move(fault); }
   // A context whose deadline is `timeout` from now.
   std::unique_ptr<grpc::ClientContext> Context(Millis timeout) const;
 
@@ -55,6 +57,7 @@ class EtcdClient::Impl {
   // outcome (converted), or Unavailable naming every endpoint.
   template <typename F>
   Status Call(std::string_view what, F&& attempt) {
+    if (fault_) FERRY_RETURN_IF_ERROR(fault_(what));
     const size_t start = current();
     std::string tried;
     for (size_t i = 0; i < size(); ++i) {
@@ -91,6 +94,7 @@ class EtcdClient::Impl {
 
   const Millis timeout_;
   const std::vector<std::string> endpoints_;
+  std::function<Status(std::string_view)> fault_;  // EtcdClient::InjectFaults
   grpc::ChannelArguments args_;
   mutable std::mutex mu_;
   std::vector<std::shared_ptr<EtcdConn>> conns_;  // guarded by mu_

@@ -1,7 +1,7 @@
 // Master leader election and leader discovery (store/rpc/leader.h) against a
 // real etcd: one leader of two candidates, hand-over on resignation and on a
 // dead leader's TTL, deposition when the lease goes, terms that only grow,
-// and bad input.
+// a leader that cannot read its key standing down, and bad input.
 #include "store/rpc/leader.h"
 
 #include <gtest/gtest.h>
@@ -185,6 +185,46 @@ TEST_F(LeaderLive, ALeaderWhoseLeaseIsGoneIsDeposedAndCampaignsAgain) {
   // Alone, it wins again, in a new term.
   ASSERT_TRUE(ev.WaitElections(2, seconds(10)));
   EXPECT_GT(ev.term(1), first);
+}
+
+// A leader whose reads of its key fail while its lease is still renewed
+// (etcd answering its lease renewals and nothing else) cannot confirm, so
+// it serves nothing; it stands down past its serving time, so that a
+// standby that reaches etcd takes over instead of the seat staying held by
+// nobody serving.
+TEST_F(LeaderLive, ALeaderThatCannotReadItsKeyStandsDownForAStandby) {
+  auto c = coord::EtcdClient::Create({{etcd_->endpoint()}, Millis(2000)});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto faulty = c.value();
+  std::atomic<bool> fail_reads{false};
+  faulty->InjectFaults([&](std::string_view rpc) {
+    if ((rpc == "Range" || rpc == "Txn") && fail_reads.load()) {
+      return Status::Unavailable("injected: " + std::string(rpc) + " fails");
+    }
+    return Status::Ok();
+  });
+  Events ea, eb;
+  LeaderElection::Options o;
+  o.address = "127.0.0.1:1001";
+  o.ttl_seconds = 2;
+  o.poll = Millis(50);
+  auto a = LeaderElection::Start(faulty, "c1", o, ea.Elected(), ea.Deposed());
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE(ea.WaitElections(1, seconds(10)));
+  const uint64_t first = a.value()->term();
+  auto b = Candidate("127.0.0.1:1002", &eb);
+  std::this_thread::sleep_for(Millis(300));
+  ASSERT_FALSE(b->leading());
+  fail_reads = true;
+  ASSERT_TRUE(ea.WaitDeposed(1, seconds(10))) << "a leader that cannot confirm kept the seat";
+  EXPECT_EQ(a.value()->Confirmed().code(), StatusCode::kUnavailable);
+  ASSERT_TRUE(eb.WaitElections(1, seconds(10)));
+  EXPECT_GT(b->term(), first);
+  // Its reads back, the old leader finds the seat taken and stays a standby.
+  fail_reads = false;
+  std::this_thread::sleep_for(Millis(500));
+  EXPECT_FALSE(a.value()->leading());
+  EXPECT_TRUE(b->leading());
 }
 
 TEST_F(LeaderLive, TheResolverSaysWhenNobodyLeads) {

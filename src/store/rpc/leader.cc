@@ -116,7 +116,18 @@ void LeaderElection::Round() {
   const coord::LeaseId lease = keeper_->id();
   if (leading()) {
     auto kv = etcd_->Get(key_);
-    if (!kv.ok()) return;  // the lease keeper says when etcd is gone for good
+    if (!kv.ok()) {
+      // Unconfirmed past its serving time while its lease may still be
+      // renewed: it serves nothing, and holding the key would keep a
+      // standby that reaches etcd from taking over. It stands down; the
+      // key goes with the lease, now if the revoke gets through, else at
+      // its TTL, as the keeper stops renewing it.
+      if (Confirmed().ok()) return;
+      keeper_.reset();
+      (void)etcd_->LeaseRevoke(lease);
+      Depose(Status::Unavailable("the leader key could not be read: " + kv.status().ToString()));
+      return;
+    }
     if (!kv.value() || kv.value()->lease != lease) {
       // Deleted by hand, or taken over: our lease is of no use for the key now.
       keeper_.reset();

@@ -52,8 +52,9 @@ class LeaderElection {
   };
   // Both run on the election's thread, one at a time, elected before its
   // deposed. Deposed: the lease was lost (etcd unreachable for a whole TTL,
-  // or expired, say after the process was paused) or the key is no longer
-  // ours; the candidate then campaigns again with a new lease.
+  // or expired, say after the process was paused), the key is no longer
+  // ours, or it could not be read to confirm it past the serving time
+  // Confirmed allows; the candidate then campaigns again with a new lease.
   // `vacancy`: from the last round that found another leader's key to this
   // election (zero when none was seen): how long the seat was seen empty.
   using ElectedFn = std::function<void(uint64_t term, Millis vacancy)>;
