@@ -1,6 +1,7 @@
 // What traced runs (FERRY_TRACE_FILE, common/event_trace.h) learn from the
-// GPU copier: when its copies into GPU memory ran on the GPU, and where its
-// completion thread's time goes. Untraced, each costs a branch.
+// GPU copier: when its copies into GPU memory ran on the GPU, how long each
+// copy took to enqueue, and where its completion thread's time goes.
+// Untraced, each costs a branch.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -31,10 +32,6 @@ class GpuClock {
   int64_t anchor_ns_ = 0;
 };
 
-// Where the completion thread's time goes while copies are pending. Marks,
-// with the span in ns as the key, a look whose CUDA queries or done
-// callbacks took over 30 us in all, and a gap of over 30 us between a look
-// that left copies pending and the next.
 // Traced runs: the enqueue of a copy of `bytes`, for as long as the timer
 // lives, marked as `stage` (key: KiB << 32 | ns).
 class EnqueueTimer {
@@ -56,6 +53,10 @@ class EnqueueTimer {
   const int64_t at_;
 };
 
+// Where the completion thread's time goes while copies are pending. Marks,
+// with the span in ns as the key, a look whose CUDA queries or done
+// callbacks took over 30 us in all, and a gap of over 30 us between a look
+// that left copies pending and the next.
 class LookTimer {
  public:
   void LookStarts() {
