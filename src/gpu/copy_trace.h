@@ -53,6 +53,13 @@ class EnqueueTimer {
   const int64_t at_;
 };
 
+// cudaMemcpyAsync, its enqueue timed as `stage` in traced runs.
+inline cudaError_t TimedCopy(trace::Stage stage, void* dst, const void* src, size_t n,
+                             cudaMemcpyKind kind, cudaStream_t s) {
+  EnqueueTimer timed(stage, n);
+  return cudaMemcpyAsync(dst, src, n, kind, s);
+}
+
 // Where the completion thread's time goes while copies are pending. Marks,
 // with the span in ns as the key, a look whose CUDA queries or done
 // callbacks took over 30 us in all, and a gap of over 30 us between a look

@@ -159,10 +159,8 @@ class CudaCopier : public Copier {
     if (ready) err = cudaStreamWaitEvent(s, ready->event, 0);
     cudaEvent_t start = nullptr;
     if (err == cudaSuccess && trace::On()) start = StartTimed(dst, device, s);
-    if (err == cudaSuccess) {
-      EnqueueTimer timed(trace::kCopyEnqueued, length);
-      err = cudaMemcpyAsync(dst, src, length, cudaMemcpyDefault, s);
-    }
+    if (err == cudaSuccess)
+      err = TimedCopy(trace::kCopyEnqueued, dst, src, length, cudaMemcpyDefault, s);
     if (err != cudaSuccess) {
       if (start != nullptr) GiveEvent(device, start);
       return done(CudaError(err, "enqueueing a GPU copy"));
@@ -254,8 +252,7 @@ class CudaCopier : public Copier {
     Status Add(void* dst, const void* src, size_t length) override {
       if (!error_.ok()) return error_;
       DeviceGuard guard(device_);
-      EnqueueTimer timed(trace::kCopyEnqueued, length);
-      cudaError_t err = cudaMemcpyAsync(dst, src, length, cudaMemcpyDefault, s_);
+      cudaError_t err = TimedCopy(trace::kCopyEnqueued, dst, src, length, cudaMemcpyDefault, s_);
       if (err != cudaSuccess) error_ = CudaError(err, "enqueueing a GPU copy");
       return error_;
     }

@@ -195,11 +195,7 @@ class CudaStagedPipe : public StagedPipe {
   }
   Status Copy(int slot, void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
     DeviceGuard guard(device_);
-    cudaError_t err;
-    {
-      EnqueueTimer timed(trace::kRefCopyEnqueued, n);
-      err = cudaMemcpyAsync(dst, src, n, kind, stream_);
-    }
+    cudaError_t err = TimedCopy(trace::kRefCopyEnqueued, dst, src, n, kind, stream_);
     if (err == cudaSuccess) err = cudaEventRecord(done_[slot & 1], stream_);
     return Check(err, "cudaMemcpyAsync");
   }
