@@ -51,7 +51,7 @@ struct BenchArgs {
   // With GPU memory over tcp: the hand-staged streams again with the
   // receiving end's write-back, whole and in pieces (reference_staged_variants).
   bool ref_staged_variants = false;
-  int fresh = 0;            // then this many passes, each into target memory set up just before
+  int fresh = 0;  // then this many passes, each into target memory set up just before
   std::string memory = "engine";  // host buffers: engine-allocated, or registered heap ("heap")
   // "VAR=VALUE" set in the target's or the initiator's process alone, before
   // its engine starts: settings of one side to compare.

@@ -167,7 +167,7 @@ class Candidate {
   const std::string cluster_;
   std::shared_mutex election_mu_;
   store::LeaderElection* election_ = nullptr;  // guarded by election_mu_
-  std::unique_ptr<httplib::Server> standby_;  // the election thread's, and main's
+  std::unique_ptr<httplib::Server> standby_;   // the election thread's, and main's
   std::thread standby_thread_;
   std::mutex mu_;
   std::unique_ptr<store::MasterServer> server_;  // guarded by mu_

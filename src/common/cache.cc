@@ -69,12 +69,9 @@ void WriteBackForDma(const void* p, size_t n) {
 #if defined(__x86_64__)
   if (n == 0) return;
   switch (DmaWriteBackMode()) {
-    case 1:
-      return Clwb(p, n);
-    case 2:
-      return ClflushOpt(p, n);
-    default:
-      return;
+    case 1: return Clwb(p, n);
+    case 2: return ClflushOpt(p, n);
+    default: return;
   }
 #else
   (void)p;

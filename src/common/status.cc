@@ -6,40 +6,23 @@ namespace ferry {
 
 std::string_view StatusCodeName(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk:
-      return "OK";
-    case StatusCode::kInvalidArgument:
-      return "InvalidArgument";
-    case StatusCode::kNotFound:
-      return "NotFound";
-    case StatusCode::kAlreadyExists:
-      return "AlreadyExists";
-    case StatusCode::kOutOfRange:
-      return "OutOfRange";
-    case StatusCode::kTimeout:
-      return "Timeout";
-    case StatusCode::kCancelled:
-      return "Cancelled";
-    case StatusCode::kConnectionLost:
-      return "ConnectionLost";
-    case StatusCode::kProtocolError:
-      return "ProtocolError";
-    case StatusCode::kNotSupported:
-      return "NotSupported";
-    case StatusCode::kResourceExhausted:
-      return "ResourceExhausted";
-    case StatusCode::kUnavailable:
-      return "Unavailable";
-    case StatusCode::kPeerRestarted:
-      return "PeerRestarted";
-    case StatusCode::kIoError:
-      return "IoError";
-    case StatusCode::kInternal:
-      return "Internal";
-    case StatusCode::kBusy:
-      return "Busy";
-    case StatusCode::kUnauthenticated:
-      return "Unauthenticated";
+    case StatusCode::kOk: return "OK";
+    case StatusCode::kInvalidArgument: return "InvalidArgument";
+    case StatusCode::kNotFound: return "NotFound";
+    case StatusCode::kAlreadyExists: return "AlreadyExists";
+    case StatusCode::kOutOfRange: return "OutOfRange";
+    case StatusCode::kTimeout: return "Timeout";
+    case StatusCode::kCancelled: return "Cancelled";
+    case StatusCode::kConnectionLost: return "ConnectionLost";
+    case StatusCode::kProtocolError: return "ProtocolError";
+    case StatusCode::kNotSupported: return "NotSupported";
+    case StatusCode::kResourceExhausted: return "ResourceExhausted";
+    case StatusCode::kUnavailable: return "Unavailable";
+    case StatusCode::kPeerRestarted: return "PeerRestarted";
+    case StatusCode::kIoError: return "IoError";
+    case StatusCode::kInternal: return "Internal";
+    case StatusCode::kBusy: return "Busy";
+    case StatusCode::kUnauthenticated: return "Unauthenticated";
   }
   return "Unknown";
 }

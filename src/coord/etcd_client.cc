@@ -158,9 +158,7 @@ EtcdClient::EtcdClient(EtcdOptions options, std::unique_ptr<Impl> impl)
     : options_(std::move(options)), impl_(std::move(impl)) {}
 EtcdClient::~EtcdClient() = default;
 
-std::string EtcdClient::current_endpoint() const {
-  return impl_->endpoint(impl_->current());
-}
+std::string EtcdClient::current_endpoint() const { return impl_->endpoint(impl_->current()); }
 
 void EtcdClient::InjectFaults(std::function<Status(std::string_view rpc)> fault) {
   impl_->set_fault(std::move(fault));
@@ -196,9 +194,8 @@ Result<int64_t> EtcdClient::Put(std::string_view key, std::string_view value, Le
   req.set_value(std::string(value));
   req.set_lease(lease);
   pb::PutResponse resp;
-  FERRY_RETURN_IF_ERROR(impl_->Call("Put", [&](EtcdConn& c, grpc::ClientContext& ctx) {
-    return c.kv->Put(&ctx, req, &resp);
-  }));
+  FERRY_RETURN_IF_ERROR(impl_->Call(
+      "Put", [&](EtcdConn& c, grpc::ClientContext& ctx) { return c.kv->Put(&ctx, req, &resp); }));
   return RevisionOf(resp.has_header(), resp.header(), "Put");
 }
 
@@ -225,9 +222,8 @@ Result<TxnResult> EtcdClient::Txn(const std::vector<Compare>& compares,
   for (const auto& op : success) ToPb(op, req.add_success());
   for (const auto& op : failure) ToPb(op, req.add_failure());
   pb::TxnResponse resp;
-  FERRY_RETURN_IF_ERROR(impl_->Call("Txn", [&](EtcdConn& c, grpc::ClientContext& ctx) {
-    return c.kv->Txn(&ctx, req, &resp);
-  }));
+  FERRY_RETURN_IF_ERROR(impl_->Call(
+      "Txn", [&](EtcdConn& c, grpc::ClientContext& ctx) { return c.kv->Txn(&ctx, req, &resp); }));
   TxnResult out;
   FERRY_ASSIGN_OR_RETURN(out.revision, RevisionOf(resp.has_header(), resp.header(), "Txn"));
   out.succeeded = resp.succeeded();
@@ -254,13 +250,13 @@ Result<TxnResult> EtcdClient::Txn(const std::vector<Compare>& compares,
   return out;
 }
 
-Result<bool> EtcdClient::CreateIfAbsent(std::string_view key, std::string_view value,
-                                        LeaseId lease, std::optional<KeyValue>* existing) {
+Result<bool> EtcdClient::CreateIfAbsent(std::string_view key, std::string_view value, LeaseId lease,
+                                        std::optional<KeyValue>* existing) {
   if (key.empty()) return Status::InvalidArgument("etcd Txn: empty key");
   std::string k(key);
-  FERRY_ASSIGN_OR_RETURN(TxnResult r, Txn({Compare::Absent(k)},
-                                          {TxnOp::Put(k, std::string(value), lease)},
-                                          {TxnOp::Get(k)}));
+  FERRY_ASSIGN_OR_RETURN(
+      TxnResult r,
+      Txn({Compare::Absent(k)}, {TxnOp::Put(k, std::string(value), lease)}, {TxnOp::Get(k)}));
   if (!r.succeeded && existing != nullptr) {
     *existing = r.reads[0].kvs.empty() ? std::nullopt : std::optional(r.reads[0].kvs[0]);
   }

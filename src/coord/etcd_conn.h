@@ -72,10 +72,9 @@ class EtcdClient::Impl {
       // A deadline passed while the channel had no connection: the endpoint
       // is as good as down (a call to one that is down may wait for a
       // reconnection rather than fail at once).
-      const bool unreachable =
-          st.error_code() == grpc::StatusCode::UNAVAILABLE ||
-          (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
-           c->channel->GetState(false) != GRPC_CHANNEL_READY);
+      const bool unreachable = st.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                               (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
+                                c->channel->GetState(false) != GRPC_CHANNEL_READY);
       if (!unreachable) {
         if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) MoveOn(idx);
         return FromGrpc(st, what, c->endpoint);

@@ -39,12 +39,13 @@ bool IsEtcdUrl(std::string_view s) { return s.starts_with(kEtcdScheme); }
 
 Result<std::vector<std::string>> ParseEtcdEndpoints(std::string_view list) {
   std::vector<std::string> out;
-  if (list.empty()) return Status::InvalidArgument("no etcd endpoint given (host:port[,host:port])");
+  if (list.empty())
+    return Status::InvalidArgument("no etcd endpoint given (host:port[,host:port])");
   size_t start = 0;
   while (true) {
     size_t comma = list.find(',', start);
-    std::string_view ep = list.substr(start, comma == std::string_view::npos ? list.npos
-                                                                              : comma - start);
+    std::string_view ep =
+        list.substr(start, comma == std::string_view::npos ? list.npos : comma - start);
     FERRY_RETURN_IF_ERROR(CheckEndpoint(ep));
     out.emplace_back(ep);
     if (comma == std::string_view::npos) break;

@@ -36,8 +36,11 @@ Result<std::unique_ptr<EtcdWatch>> EtcdWatch::Start(std::shared_ptr<EtcdClient> 
 
 EtcdWatch::EtcdWatch(std::shared_ptr<EtcdClient> client, std::string key, bool prefix,
                      int64_t start_revision, Callback callback)
-    : client_(std::move(client)), key_(std::move(key)), prefix_(prefix),
-      callback_(std::move(callback)), next_revision_(start_revision) {}
+    : client_(std::move(client)),
+      key_(std::move(key)),
+      prefix_(prefix),
+      callback_(std::move(callback)),
+      next_revision_(start_revision) {}
 
 EtcdWatch::~EtcdWatch() {
   {
@@ -167,16 +170,15 @@ Status EtcdWatch::Deliver(const void* response) {
   for (const auto& e : resp.events()) {
     const auto& kv = e.kv();
     const bool in_range = prefix_ ? kv.key().starts_with(key_) : kv.key() == key_;
-    if (!in_range || kv.mod_revision() < last ||
-        kv.mod_revision() > up.revision ||
+    if (!in_range || kv.mod_revision() < last || kv.mod_revision() > up.revision ||
         (e.type() != mvccpb::Event::PUT && e.type() != mvccpb::Event::DELETE)) {
       return Status::ProtocolError("etcd Watch: an event out of range or order");
     }
     last = kv.mod_revision();
     WatchEvent ev;
     ev.type = e.type() == mvccpb::Event::PUT ? WatchEvent::Type::kPut : WatchEvent::Type::kDelete;
-    ev.kv = {kv.key(), kv.value(), kv.create_revision(), kv.mod_revision(), kv.version(),
-             kv.lease()};
+    ev.kv = {kv.key(),          kv.value(),   kv.create_revision(),
+             kv.mod_revision(), kv.version(), kv.lease()};
     up.events.push_back(std::move(ev));
   }
   // After events, resume past the last one. A progress notice (no events)

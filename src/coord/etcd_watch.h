@@ -81,11 +81,11 @@ class EtcdWatch {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  bool stopping_ = false;                  // guarded by mu_
-  grpc::ClientContext* ctx_ = nullptr;     // the stream's, to cancel; guarded by mu_
-  bool confirmed_ = false;                 // guarded by mu_
-  size_t first_failures_ = 0;              // before the first confirmation; guarded by mu_
-  Status first_error_;                     // guarded by mu_
+  bool stopping_ = false;               // guarded by mu_
+  grpc::ClientContext* ctx_ = nullptr;  // the stream's, to cancel; guarded by mu_
+  bool confirmed_ = false;              // guarded by mu_
+  size_t first_failures_ = 0;           // before the first confirmation; guarded by mu_
+  Status first_error_;                  // guarded by mu_
   std::thread thread_;
 };
 

@@ -389,9 +389,7 @@ MemoryInfo Classify(const void* ptr) {
     return info;
   }
   switch (attr.type) {
-    case cudaMemoryTypeHost:
-      info.kind = MemoryKind::kHostPinned;
-      break;
+    case cudaMemoryTypeHost: info.kind = MemoryKind::kHostPinned; break;
     case cudaMemoryTypeDevice:
     case cudaMemoryTypeManaged:
       info.kind = MemoryKind::kDevice;
@@ -406,8 +404,7 @@ MemoryInfo Classify(const void* ptr) {
         }
       }
       break;
-    default:
-      break;
+    default: break;
   }
   return info;
 }

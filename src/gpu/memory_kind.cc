@@ -4,12 +4,9 @@ namespace ferry::gpu {
 
 std::string_view MemoryKindName(MemoryKind kind) {
   switch (kind) {
-    case MemoryKind::kHostPageable:
-      return "host-pageable";
-    case MemoryKind::kHostPinned:
-      return "host-pinned";
-    case MemoryKind::kDevice:
-      return "device";
+    case MemoryKind::kHostPageable: return "host-pageable";
+    case MemoryKind::kHostPinned: return "host-pinned";
+    case MemoryKind::kDevice: return "device";
   }
   return "unknown";
 }

@@ -305,9 +305,9 @@ class Engine::Impl {
   std::shared_ptr<const auth::Key> key_;  // the cluster secret; null: none
   uint64_t epoch_ = 0;
   std::string name_;
-  std::vector<int> io_cpu_list_;  // io_cpus as a list, parsed by ApplyEnv
+  std::vector<int> io_cpu_list_;     // io_cpus as a list, parsed by ApplyEnv
   bool helpers_on_io_cpus_ = false;  // FERRY_HELPER_CPUS
-  cpus::Claim io_claim_;          // the io threads' CPUs under "auto"; released after they stop
+  cpus::Claim io_claim_;             // the io threads' CPUs under "auto"; released after they stop
   IoPool io_;
   std::unique_ptr<gpu::Copier> copier_;  // null without a GPU
   std::unique_ptr<StreamRelay> relay_;   // null without a GPU

@@ -17,8 +17,8 @@ Result<std::unique_ptr<EtcdMetadata>> EtcdMetadata::Connect(std::string_view url
   FERRY_ASSIGN_OR_RETURN(coord::EtcdUrl parsed, coord::ParseEtcdUrl(url));
   FERRY_ASSIGN_OR_RETURN(int64_t ttl, env::GetInt("FERRY_METADATA_TTL_S", ttl_seconds));
   if (ttl < 1 || ttl > 3600) {
-    return Status::InvalidArgument("the metadata TTL (FERRY_METADATA_TTL_S) must be 1..3600 s, not " +
-                                   std::to_string(ttl));
+    return Status::InvalidArgument(
+        "the metadata TTL (FERRY_METADATA_TTL_S) must be 1..3600 s, not " + std::to_string(ttl));
   }
   coord::EtcdOptions o;
   o.endpoints = parsed.endpoints;
@@ -28,16 +28,18 @@ Result<std::unique_ptr<EtcdMetadata>> EtcdMetadata::Connect(std::string_view url
   // Fails now, with etcd's reason, rather than at the first publication.
   auto probe = m->client_->GetPrefix(m->prefix_ + "\x01");
   if (!probe.ok()) {
-    return Status(probe.status().code(), "metadata " + std::string(url) + ": " +
-                                             probe.status().message());
+    return Status(probe.status().code(),
+                  "metadata " + std::string(url) + ": " + probe.status().message());
   }
   return m;
 }
 
 EtcdMetadata::EtcdMetadata(coord::EtcdUrl url, std::shared_ptr<coord::EtcdClient> client,
                            int64_t ttl)
-    : url_(std::move(url)), prefix_("/ferry/" + url_.cluster + "/engines/"),
-      client_(std::move(client)), ttl_seconds_(ttl) {}
+    : url_(std::move(url)),
+      prefix_("/ferry/" + url_.cluster + "/engines/"),
+      client_(std::move(client)),
+      ttl_seconds_(ttl) {}
 
 EtcdMetadata::~EtcdMetadata() { Stop(); }
 
@@ -68,9 +70,9 @@ Status EtcdMetadata::Start(std::string self, std::function<SegmentDescriptor()> 
     if (!st.ok()) FERRY_LOG_DEBUG("etcd metadata: republishing {}: {}", self_, st.ToString());
   });
   FERRY_RETURN_IF_ERROR(Publish());
-  FERRY_ASSIGN_OR_RETURN(watch_, coord::EtcdWatch::Start(
-                                     client_, prefix_, true, 0,
-                                     [this](const coord::WatchUpdate& up) { OnWatch(up); }));
+  FERRY_ASSIGN_OR_RETURN(
+      watch_, coord::EtcdWatch::Start(client_, prefix_, true, 0,
+                                      [this](const coord::WatchUpdate& up) { OnWatch(up); }));
   retry_->Start();
   return Status::Ok();
 }
@@ -93,9 +95,9 @@ Status EtcdMetadata::Publish() {
     });
   }
   std::vector<uint8_t> bytes = EncodeDescriptor(describe_());
-  auto put = client_->Put(KeyOf(self_),
-                          std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
-                          keeper_->id());
+  auto put = client_->Put(
+      KeyOf(self_), std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
+      keeper_->id());
   if (put.status().code() == StatusCode::kNotFound) keeper_.reset();  // the lease went meanwhile
   if (!put.ok()) return fail(put.status());
   return Status::Ok();
@@ -147,8 +149,8 @@ void EtcdMetadata::Stop() {
   auto del = client_->Delete(KeyOf(self_));
   Status rev = client_->LeaseRevoke(id);
   if (!del.ok() || (!rev.ok() && rev.code() != StatusCode::kNotFound)) {
-    FERRY_LOG_WARN("etcd metadata: withdrawing {}: {} / {}; it goes when its lease expires",
-                   self_, del.status().ToString(), rev.ToString());
+    FERRY_LOG_WARN("etcd metadata: withdrawing {}: {} / {}; it goes when its lease expires", self_,
+                   del.status().ToString(), rev.ToString());
   }
 }
 

@@ -40,8 +40,7 @@ Result<Header> DecodeHeader(const uint8_t in[kHeaderSize]) {
   };
   if (magic != kMagic) return bad("wrong magic");
   if (version != kVersion) return bad("unsupported version " + std::to_string(version));
-  if (opcode < static_cast<uint8_t>(Opcode::kHello) ||
-      opcode > static_cast<uint8_t>(kLastOpcode)) {
+  if (opcode < static_cast<uint8_t>(Opcode::kHello) || opcode > static_cast<uint8_t>(kLastOpcode)) {
     return bad("unknown opcode " + std::to_string(opcode));
   }
   if (status > static_cast<uint8_t>(kLastStatusCode)) return bad("unknown status");

@@ -429,7 +429,7 @@ class Connection : public FrameConnection, public std::enable_shared_from_this<C
   uint8_t in_[wire::kHeaderSize];
   ReceiveTail tail_{in_, sizeof(in_), 0};  // header_tail(): the next header, into in_
   static constexpr uint64_t kInlineFrameBytes = 128 << 10;
-  StackBudget inline_{16, 512 << 10};  // frames DispatchInHand serves on its stack
+  StackBudget inline_{16, 512 << 10};       // frames DispatchInHand serves on its stack
   std::deque<std::shared_ptr<Slot>> outq_;  // replies in frame order
   bool writing_ = false;
   bool read_paused_ = false;

@@ -74,8 +74,8 @@ Result<int> Dial(const SegmentDescriptor& owner, const MemfdServerAddress& at, D
   while (connect(sock.get(), reinterpret_cast<sockaddr*>(&sa), len) != 0) {
     if (errno == EINTR) continue;
     if (errno == EAGAIN) return Status::Timeout(who + ": its socket's backlog stayed full");
-    return Status::Unavailable(who + ": cannot connect to its memfd socket: " +
-                               std::strerror(errno));
+    return Status::Unavailable(who +
+                               ": cannot connect to its memfd socket: " + std::strerror(errno));
   }
   ucred cred{};
   socklen_t clen = sizeof(cred);
@@ -83,8 +83,8 @@ Result<int> Dial(const SegmentDescriptor& owner, const MemfdServerAddress& at, D
     return Status::FromErrno(errno, "SO_PEERCRED");
   }
   if (static_cast<uint32_t>(cred.pid) != owner.pid || cred.uid != at.uid) {
-    return Status::Unavailable(fmt::format("{}: its memfd socket belongs to pid {} (uid {})", who,
-                                           cred.pid, cred.uid));
+    return Status::Unavailable(
+        fmt::format("{}: its memfd socket belongs to pid {} (uid {})", who, cred.pid, cred.uid));
   }
   return sock.release();
 }
@@ -136,8 +136,8 @@ Result<int> CheckReply(const uint8_t reply[kReplyBytes], const std::vector<int>&
       code > static_cast<uint8_t>(kLastStatusCode)) {
     return Status::ProtocolError(who + ": malformed memfd reply");
   }
-  const std::string what = fmt::format("memfd {} (region 0x{:x}, serial {})", ref.memfd, ref.addr,
-                                       ref.serial);
+  const std::string what =
+      fmt::format("memfd {} (region 0x{:x}, serial {})", ref.memfd, ref.addr, ref.serial);
   if (code != 0) {
     if (!fds.empty()) return Status::ProtocolError(who + ": a refusal came with an fd");
     return Status(static_cast<StatusCode>(code), who + " refused " + what);
@@ -198,8 +198,8 @@ Result<MemfdRef> DecodeMemfdRequest(const uint8_t in[kRequestBytes]) {
   ref.serial = r.U64();
   if (magic != kMagic) return Status::ProtocolError("not a memfd request (wrong magic)");
   if (version != kVersion) {
-    return Status::ProtocolError(fmt::format("memfd protocol version {}; this build speaks {}",
-                                             version, kVersion));
+    return Status::ProtocolError(
+        fmt::format("memfd protocol version {}; this build speaks {}", version, kVersion));
   }
   if (type != kGetMemfd || pad != 0 || ref.memfd < 0) {
     return Status::ProtocolError("malformed memfd request");
@@ -230,8 +230,8 @@ Result<char*> MapPeerMemfd(const SegmentDescriptor& owner, const MemfdRef& ref, 
   auto at = DecodeMemfdServer(owner.SegmentBlobOf(kMemfdServerTransport));
   if (!at) return Status::Unavailable(who + " serves no memfds");
   if (!MayAskForMemfds(owner)) {
-    return Status::Unavailable(fmt::format("{} serves its memfds to uid {} and root only", who,
-                                           at->uid));
+    return Status::Unavailable(
+        fmt::format("{} serves its memfds to uid {} and root only", who, at->uid));
   }
   FERRY_ASSIGN_OR_RETURN(int s, Dial(owner, *at, deadline, who));
   OwnedFd sock(s);
@@ -248,8 +248,8 @@ Result<char*> MapPeerMemfd(const SegmentDescriptor& owner, const MemfdRef& ref, 
   // Populated here, off the data path: otherwise the first write into each
   // page of the peer's memory faults, and a put into a fresh mapping runs at
   // a fraction of memcpy speed.
-  void* p = mmap(nullptr, ref.length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
-                 file.get(), 0);
+  void* p =
+      mmap(nullptr, ref.length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, file.get(), 0);
   if (p == MAP_FAILED) return Status::FromErrno(errno, who + ": mmap of its memfd");
   return static_cast<char*>(p);
 }

@@ -35,9 +35,9 @@ Status CheckEpoch(size_t i, const Request& r, const Segment& seg) {
   if (r.expected_epoch == 0) return Status::Ok();
   auto d = seg.descriptor();
   if (d != nullptr && d->epoch == r.expected_epoch) return Status::Ok();
-  return ForRequest(i, Status::PeerRestarted(fmt::format(
-                           "{} has epoch {:x}, not the {:x} of the address", seg.name(),
-                           d != nullptr ? d->epoch : 0, r.expected_epoch)));
+  return ForRequest(i, Status::PeerRestarted(
+                           fmt::format("{} has epoch {:x}, not the {:x} of the address", seg.name(),
+                                       d != nullptr ? d->epoch : 0, r.expected_epoch)));
 }
 }  // namespace
 

@@ -71,8 +71,8 @@ struct TransportCaps {
   // Requests with GPU memory at either end are sliced to at most this
   // instead; 0: max_task_bytes.
   uint64_t max_gpu_task_bytes = 0;
-  bool host_memory = true;      // moves requests whose both sides are host memory
-  bool gpu_memory = false;      // moves requests with GPU memory on a side
+  bool host_memory = true;  // moves requests whose both sides are host memory
+  bool gpu_memory = false;  // moves requests with GPU memory on a side
   Reach reach = Reach::kHost;
   StreamPath stream_path = StreamPath::kRelayed;
   // GPU memory at the target moves as plain bytes that the target stages,

@@ -161,12 +161,9 @@ bool WellFormed(uint16_t type, const std::vector<uint8_t>& p) {
     return true;
   };
   switch (static_cast<Type>(type)) {
-    case Type::kRegister:
-      r.U32();
-      break;
+    case Type::kRegister: r.U32(); break;
     case Type::kUnregister:
-    case Type::kHello:
-      break;
+    case Type::kHello: break;
     case Type::kPut:
     case Type::kExists:
     case Type::kRemove:
@@ -195,9 +192,7 @@ bool WellFormed(uint16_t type, const std::vector<uint8_t>& p) {
     case Type::kStats:
       for (int i = 0; i < 4; ++i) r.U64();
       break;
-    case Type::kRemoveAll:
-      r.U64();
-      break;
+    case Type::kRemoveAll: r.U64(); break;
     default:  // the handshake's, which a node without a secret refuses
       return true;
   }

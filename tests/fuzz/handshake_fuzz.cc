@@ -454,15 +454,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t mode = data[0] % 5;
   ++data, --size;
   switch (mode) {
-    case 0:
-      RawPeer(w, data, size);
-      break;
+    case 0: RawPeer(w, data, size); break;
     case 1:
-    case 2:
-      HonestPeer(w, data, size, mode == 2);
-      break;
-    default:
-      FakeTarget(w, data, size, mode == 4);
+    case 2: HonestPeer(w, data, size, mode == 2); break;
+    default: FakeTarget(w, data, size, mode == 4);
   }
   CheckMemory(w);
   return 0;

@@ -114,8 +114,7 @@ class Harness {
         }
         return;
       }
-      case kPutEnd:
-        return Statuses(p, n, &Service::PutEnd, &pb::PutEndRequest::items_size);
+      case kPutEnd: return Statuses(p, n, &Service::PutEnd, &pb::PutEndRequest::items_size);
       case kGet: {
         pb::KeysRequest q;
         pb::GetResponse r;
@@ -134,12 +133,9 @@ class Harness {
       }
       case kReleaseLeases:
         return Statuses(p, n, &Service::ReleaseLeases, &pb::ReleaseRequest::items_size);
-      case kExists:
-        return Statuses(p, n, &Service::Exists, &pb::KeysRequest::keys_size);
-      case kRemove:
-        return Statuses(p, n, &Service::Remove, &pb::RemoveRequest::keys_size);
-      case kPin:
-        return Statuses(p, n, &Service::Pin, &pb::PinRequest::items_size);
+      case kExists: return Statuses(p, n, &Service::Exists, &pb::KeysRequest::keys_size);
+      case kRemove: return Statuses(p, n, &Service::Remove, &pb::RemoveRequest::keys_size);
+      case kPin: return Statuses(p, n, &Service::Pin, &pb::PinRequest::items_size);
       case kRemoveAll: {
         pb::RemoveAllRequest q;
         pb::RemoveAllResponse r;
@@ -160,9 +156,7 @@ class Harness {
                    mounts_.size());
         return;
       }
-      case kTick:
-        master_.Tick();
-        return;
+      case kTick: master_.Tick(); return;
       case kSocket: {
         if (n == 0) return;
         framing::Frame f;

@@ -1,13 +1,14 @@
 // The etcd client (coord/) against a real etcd process: KV and transactions,
 // several endpoints, leases and their keep-alive, watches across a restart
 // of etcd, and bad input.
+#include "coord/etcd_client.h"
+
 #include <gtest/gtest.h>
 
 #include <condition_variable>
 #include <mutex>
 #include <thread>
 
-#include "coord/etcd_client.h"
 #include "coord/etcd_url.h"
 #include "coord/etcd_watch.h"
 #include "coord/lease_keeper.h"
@@ -19,7 +20,8 @@ namespace {
 
 using std::chrono::seconds;
 
-std::shared_ptr<EtcdClient> Client(std::vector<std::string> endpoints, Millis timeout = Millis(2000)) {
+std::shared_ptr<EtcdClient> Client(std::vector<std::string> endpoints,
+                                   Millis timeout = Millis(2000)) {
   auto c = EtcdClient::Create({std::move(endpoints), timeout});
   EXPECT_TRUE(c.ok()) << c.status().ToString();
   return c.ok() ? c.value() : nullptr;
@@ -83,16 +85,16 @@ TEST(EtcdUrl, RefusesMalformedStringsClearly) {
     const char* url;
     const char* says;
   };
-  for (const Case& c : {Case{"http://127.0.0.1:2379/c", "is not etcd://"},
-                        Case{"etcd://127.0.0.1:2379", "names no cluster"},
-                        Case{"etcd://127.0.0.1:2379/", "cluster name"},
-                        Case{"etcd:///c", "no etcd endpoint"},
-                        Case{"etcd://127.0.0.1/c", "is not host:port"},
-                        Case{"etcd://127.0.0.1:0/c", "no port in 1..65535"},
-                        Case{"etcd://127.0.0.1:99999/c", "no port in 1..65535"},
-                        Case{"etcd://127.0.0.1:2379,/c", "is empty"},
-                        Case{"etcd://h:1/a/b", "only letters, digits"},
-                        Case{"etcd://::1:2379/c", "malformed host"}}) {
+  for (const Case& c :
+       {Case{"http://127.0.0.1:2379/c", "is not etcd://"},
+        Case{"etcd://127.0.0.1:2379", "names no cluster"},
+        Case{"etcd://127.0.0.1:2379/", "cluster name"}, Case{"etcd:///c", "no etcd endpoint"},
+        Case{"etcd://127.0.0.1/c", "is not host:port"},
+        Case{"etcd://127.0.0.1:0/c", "no port in 1..65535"},
+        Case{"etcd://127.0.0.1:99999/c", "no port in 1..65535"},
+        Case{"etcd://127.0.0.1:2379,/c", "is empty"},
+        Case{"etcd://h:1/a/b", "only letters, digits"},
+        Case{"etcd://::1:2379/c", "malformed host"}}) {
     auto u = ParseEtcdUrl(c.url);
     ASSERT_FALSE(u.ok()) << c.url;
     EXPECT_EQ(u.status().code(), StatusCode::kInvalidArgument) << c.url;

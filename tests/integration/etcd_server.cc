@@ -59,15 +59,13 @@ Status EtcdServer::Launch() {
   const std::string client = "http://" + endpoint_;
   const std::string peer = "http://127.0.0.1:" + std::to_string(peer_port_);
   proc_.reset();
-  FERRY_ASSIGN_OR_RETURN(proc_, Subprocess::Spawn({EtcdBinary(), "--name", "ferry-test",
-                                                   "--data-dir", dir_ + "/data",
-                                                   "--listen-client-urls", client,
-                                                   "--advertise-client-urls", client,
-                                                   "--listen-peer-urls", peer,
-                                                   "--initial-advertise-peer-urls", peer,
-                                                   "--initial-cluster", "ferry-test=" + peer,
-                                                   "--logger", "zap", "--log-level", "error"},
-                                                  true));
+  FERRY_ASSIGN_OR_RETURN(
+      proc_, Subprocess::Spawn({EtcdBinary(), "--name", "ferry-test", "--data-dir", dir_ + "/data",
+                                "--listen-client-urls", client, "--advertise-client-urls", client,
+                                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                                "--initial-cluster", "ferry-test=" + peer, "--logger", "zap",
+                                "--log-level", "error"},
+                               true));
   coord::EtcdOptions o;
   o.endpoints = {endpoint_};
   o.call_timeout = Millis(500);

@@ -48,9 +48,9 @@ class EtcdServer {
 }  // namespace ferry::test
 
 // Skips the test, saying why, when etcd is not installed.
-#define FERRY_SKIP_WITHOUT_ETCD()                                                        \
-  do {                                                                                   \
-    if (::ferry::test::EtcdBinary().empty()) {                                           \
+#define FERRY_SKIP_WITHOUT_ETCD()                                                          \
+  do {                                                                                     \
+    if (::ferry::test::EtcdBinary().empty()) {                                             \
       GTEST_SKIP() << "etcd is not installed (Debian: etcd-server; scripts/install-deps)"; \
-    }                                                                                    \
+    }                                                                                      \
   } while (0)

@@ -115,18 +115,12 @@ Result<nlohmann::json> RunTracedBench(std::vector<std::string> args,
 
 Result<Peer> StartPeer(uint64_t alloc_bytes, uint64_t heap_bytes, uint16_t port, uint64_t gpu_bytes,
                        int gpu_device, const std::vector<std::string>& extra) {
-  std::vector<std::string> argv = {FerryBin(),
-                                   "serve",
-                                   "--alloc",
-                                   std::to_string(alloc_bytes),
-                                   "--heap",
-                                   std::to_string(heap_bytes),
-                                   "--port",
-                                   std::to_string(port),
-                                   "--gpu-alloc",
-                                   std::to_string(gpu_bytes),
-                                   "--gpu-device",
-                                   std::to_string(gpu_device)};
+  std::vector<std::string> argv = {FerryBin(),     "serve",
+                                   "--alloc",      std::to_string(alloc_bytes),
+                                   "--heap",       std::to_string(heap_bytes),
+                                   "--port",       std::to_string(port),
+                                   "--gpu-alloc",  std::to_string(gpu_bytes),
+                                   "--gpu-device", std::to_string(gpu_device)};
   argv.insert(argv.end(), extra.begin(), extra.end());
   auto proc = Subprocess::Spawn(argv, true);
   if (!proc.ok()) return proc.status();

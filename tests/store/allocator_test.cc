@@ -94,7 +94,8 @@ TEST(Space, RejectsBadRegions) {
   EXPECT_EQ(s.Mount("a:1", 1, {}, &replaced).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(s.Mount("a:1", 0, {{4096, 4096}}, &replaced).status().code(),
             StatusCode::kInvalidArgument);  // no epoch
-  EXPECT_EQ(s.Mount("a:1", 1, {{0, 4096}}, &replaced).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.Mount("a:1", 1, {{0, 4096}}, &replaced).status().code(),
+            StatusCode::kInvalidArgument);
   EXPECT_EQ(s.Mount("a:1", 1, {{~0ull - 100, 4096}}, &replaced).status().code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(s.Mount("a:1", 1, {{4096, 8192}, {8192, 4096}}, &replaced).status().code(),

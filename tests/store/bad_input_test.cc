@@ -199,9 +199,9 @@ TEST_F(BadInput, MalformedMountsAndHeartbeats) {
     x->set_size(len);
     e->set_term(0);
   };
-  bad_entry("", 100, r2->base(), 100);                    // no key
-  bad_entry("short", 100, r2->base(), 50);                // extents do not cover it
-  bad_entry("wrap", 100, ~0ull - 10, 100);                // wraps
+  bad_entry("", 100, r2->base(), 100);                      // no key
+  bad_entry("short", 100, r2->base(), 50);                  // extents do not cover it
+  bad_entry("wrap", 100, ~0ull - 10, 100);                  // wraps
   bad_entry("outside", 100, r2->base() + r2->size(), 100);  // not in the regions
   bad_entry(std::string(5000, 'k'), 100, r2->base(), 100);  // key too long
   bad_entry("fine", 100, r2->base(), 100);                  // from an older master: taken

@@ -23,8 +23,18 @@ using test::Pattern;
 std::vector<std::string> NodeWithoutAslr(const std::string& master, const std::string& port) {
   utsname u{};
   (void)uname(&u);
-  return {"/usr/bin/setarch", u.machine, "-R",      FerryBin(),       "node",         "--master",
-          master,    "--port",  port,      "--segment-size", "4MiB",         "--heartbeat-ms",
+  return {"/usr/bin/setarch",
+          u.machine,
+          "-R",
+          FerryBin(),
+          "node",
+          "--master",
+          master,
+          "--port",
+          port,
+          "--segment-size",
+          "4MiB",
+          "--heartbeat-ms",
           "50"};
 }
 
@@ -87,13 +97,13 @@ void StaleLocationIsRefused(const std::string& transport) {
   // A put M1 grants on the dead incarnation fails, and is aborted: the key
   // stays free at M1, and `x` at M2 keeps its bytes.
   Status put = c1.value()->Put("y", Pattern(4096, 3));
-  EXPECT_TRUE(put.code() == StatusCode::kPeerRestarted ||
-              put.code() == StatusCode::kConnectionLost)
+  EXPECT_TRUE(put.code() == StatusCode::kPeerRestarted || put.code() == StatusCode::kConnectionLost)
       << transport << ": " << put.ToString();
   EXPECT_EQ(c1.value()->Exists("y").code(), StatusCode::kNotFound);
   auto still = c2.value()->Get("x");
   ASSERT_TRUE(still.ok()) << still.status().ToString();
-  EXPECT_TRUE(still.value() == x) << transport << ": a put for the old incarnation reached the new one";
+  EXPECT_TRUE(still.value() == x) << transport
+                                  << ": a put for the old incarnation reached the new one";
 }
 
 TEST(Incarnations, AStaleLocationIsRefusedOverTcp) { StaleLocationIsRefused("tcp"); }

@@ -104,8 +104,7 @@ TEST_F(LeaderLive, TheRosterListsLiveNodesOnly) {
   EXPECT_EQ(ReadRoster(*client_, "c1").value().size(), 2u);
   a.value().reset();  // revoked at once, not after its TTL
   EXPECT_EQ(ReadRoster(*client_, "c1").value(), std::vector<std::string>{"10.0.0.2:7000"});
-  EXPECT_EQ(RosterEntry::Start(client_, "c1", "", 2).status().code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(RosterEntry::Start(client_, "c1", "", 2).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(RosterEntry::Start(client_, "c1", "n", 0).status().code(),
             StatusCode::kInvalidArgument);
 }

@@ -1,10 +1,11 @@
 // The segment descriptor codec: round trips, and every truncation and corruption refused.
+#include "transfer/descriptor.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
 
 #include "common/bytes.h"
-#include "transfer/descriptor.h"
 
 namespace ferry {
 namespace {

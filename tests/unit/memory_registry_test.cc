@@ -1,9 +1,10 @@
 // The registry of local memory, and segment names.
+#include "transfer/memory_registry.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
 
-#include "transfer/memory_registry.h"
 #include "transfer/metadata.h"
 
 namespace ferry {

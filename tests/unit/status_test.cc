@@ -1,5 +1,7 @@
 // Status and Result, their macros, the little-endian byte codec, and the
 // environment knobs.
+#include "ferry/status.h"
+
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>
 
@@ -10,7 +12,6 @@
 #include "common/bytes.h"
 #include "common/env.h"
 #include "common/log.h"
-#include "ferry/status.h"
 
 namespace ferry {
 namespace {

@@ -1,4 +1,6 @@
 // The periodic-job thread, and the names of Ferry's threads.
+#include "common/ticker.h"
+
 #include <gtest/gtest.h>
 #include <pthread.h>
 
@@ -10,7 +12,6 @@
 #include <thread>
 
 #include "common/thread_pool.h"
-#include "common/ticker.h"
 
 namespace ferry {
 namespace {

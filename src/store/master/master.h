@@ -253,8 +253,8 @@ class Master {
 
   // The nodes a miss waits for (options_.awaited_nodes), until rebuilt_by_.
   std::atomic<bool> rebuilding_{false};
-  std::mutex awaited_mu_;                  // a leaf: taken under a shard's lock
-  std::set<std::string> awaited_;          // guarded by awaited_mu_
+  std::mutex awaited_mu_;          // a leaf: taken under a shard's lock
+  std::set<std::string> awaited_;  // guarded by awaited_mu_
   const Clock::time_point rebuilt_by_;
   // When Gate last refused (Clock::rep; 0: never): node_ttl runs from then.
   std::atomic<Clock::rep> refused_at_{0};
@@ -273,7 +273,7 @@ class Master {
   MasterStats counters_;  // guarded by stats_mu_; space and objects filled on read
 
   std::atomic<bool> serving_{true};  // the gate's answer at the last tick, for the log
-  std::unique_ptr<Ticker> ticker_;  // runs Tick; reset first on destruction
+  std::unique_ptr<Ticker> ticker_;   // runs Tick; reset first on destruction
 };
 
 }  // namespace ferry::store

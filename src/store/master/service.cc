@@ -358,26 +358,16 @@ SocketReply ServeSocket(Service& remote, Service& local, const framing::Frame& f
   }
   using S = pb::Master::Service;
   switch (static_cast<Type>(f.type)) {
-    case Type::kPutBegin:
-      return Dispatch(local, &S::PutBegin, body);
-    case Type::kPutEnd:
-      return Dispatch(local, &S::PutEnd, body);
-    case Type::kGet:
-      return Dispatch(local, &S::Get, body);
-    case Type::kReleaseLeases:
-      return Dispatch(local, &S::ReleaseLeases, body);
-    case Type::kExists:
-      return Dispatch(local, &S::Exists, body);
-    case Type::kRemove:
-      return Dispatch(local, &S::Remove, body);
-    case Type::kPin:
-      return Dispatch(local, &S::Pin, body);
-    case Type::kStats:
-      return Dispatch(local, &S::Stats, body);
-    case Type::kRemoveAll:
-      return Dispatch(local, &S::RemoveAll, body);
-    case Type::kGreeting:
-      break;
+    case Type::kPutBegin: return Dispatch(local, &S::PutBegin, body);
+    case Type::kPutEnd: return Dispatch(local, &S::PutEnd, body);
+    case Type::kGet: return Dispatch(local, &S::Get, body);
+    case Type::kReleaseLeases: return Dispatch(local, &S::ReleaseLeases, body);
+    case Type::kExists: return Dispatch(local, &S::Exists, body);
+    case Type::kRemove: return Dispatch(local, &S::Remove, body);
+    case Type::kPin: return Dispatch(local, &S::Pin, body);
+    case Type::kStats: return Dispatch(local, &S::Stats, body);
+    case Type::kRemoveAll: return Dispatch(local, &S::RemoveAll, body);
+    case Type::kGreeting: break;
   }
   return Refused(Status::InvalidArgument("not a method"));
 }

@@ -85,7 +85,7 @@ class AttachServer {
 
   StoreCore& core_;
   const AttachOptions options_;
-  const uint64_t instance_;  // random: tells a client which node it attached to
+  const uint64_t instance_;                  // random: tells a client which node it attached to
   std::unique_ptr<log::Refusals> refusals_;  // of the cluster secret
   int listen_fd_ = -1;
   int wake_fd_ = -1;  // eventfd: stops the accept loop

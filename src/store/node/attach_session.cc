@@ -297,28 +297,18 @@ Status AttachSession::Handle(const Frame& f, std::vector<uint8_t>* reply) {
   ByteWriter w(reply);
   Status st;
   switch (f.type) {
-    case Type::kRegister:
-      st = Register(f.fd, r, w);
-      break;
+    case Type::kRegister: st = Register(f.fd, r, w); break;
     case Type::kUnregister: {
       const uint32_t id = r.U32();
       if (r.ok() && buffers_.erase(id) == 0) st = Status::NotFound("unknown buffer");
       break;
     }
-    case Type::kPut:
-      st = Put(r, w);
-      break;
-    case Type::kGet:
-      st = Get(r, w);
-      break;
+    case Type::kPut: st = Put(r, w); break;
+    case Type::kGet: st = Get(r, w); break;
     case Type::kExists:
     case Type::kRemove:
-    case Type::kPin:
-      st = KeyOp(f.type, r, w);
-      break;
-    case Type::kLocate:
-      st = Locate(r, w);
-      break;
+    case Type::kPin: st = KeyOp(f.type, r, w); break;
+    case Type::kLocate: st = Locate(r, w); break;
     case Type::kStats: {
       FERRY_ASSIGN_OR_RETURN(StoreStats s, core_.Stats());
       w.U64(s.capacity);
@@ -334,8 +324,7 @@ Status AttachSession::Handle(const Frame& f, std::vector<uint8_t>* reply) {
       w.U64(removed);
       break;
     }
-    case Type::kHello:
-      return Status::ProtocolError("a second Hello");
+    case Type::kHello: return Status::ProtocolError("a second Hello");
     case Type::kAuth:
       return Status::ProtocolError(o_.key ? "a second Auth"
                                           : "an Auth, but this node has no secret");

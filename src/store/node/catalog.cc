@@ -72,7 +72,8 @@ Status NodeCatalog::Apply(const std::vector<CatalogChange>& changes) {
 
 size_t NodeCatalog::Verify() {
   std::lock_guard lock(mu_);
-  return std::erase_if(entries_, [&](const auto& kv) { return Crc(kv.second.entry) != kv.second.crc; });
+  return std::erase_if(entries_,
+                       [&](const auto& kv) { return Crc(kv.second.entry) != kv.second.crc; });
 }
 
 void NodeCatalog::Restart() {

@@ -48,7 +48,7 @@ class NodeCatalog {
   const Owns owns_;
   mutable std::mutex mu_;
   std::map<std::string, Listed> entries_;  // guarded by mu_
-  uint64_t acked_ = 0;                           // guarded by mu_
+  uint64_t acked_ = 0;                     // guarded by mu_
 };
 
 }  // namespace ferry::store

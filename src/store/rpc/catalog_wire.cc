@@ -25,8 +25,9 @@ Result<CatalogEntry> FromProto(const v1::CatalogEntry& in) {
       in.pin() > static_cast<uint32_t>(StorePin::kHard) || in.pin_ttl_ms() > kMaxTtlMs) {
     return Status::ProtocolError("malformed catalog entry");
   }
-  CatalogEntry e{in.key(), in.size(), {}, static_cast<StorePin>(in.pin()),
-                 Millis(in.pin_ttl_ms()), in.term(), in.put_id()};
+  CatalogEntry e{
+      in.key(),  in.size(),  {}, static_cast<StorePin>(in.pin()), Millis(in.pin_ttl_ms()),
+      in.term(), in.put_id()};
   uint64_t sum = 0;
   for (const auto& r : in.extents()) {
     if (r.base() == 0 || r.size() == 0 || r.size() > in.size() || r.base() + r.size() < r.base()) {

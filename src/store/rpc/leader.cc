@@ -224,7 +224,8 @@ Result<std::vector<std::string>> ReadRoster(coord::EtcdClient& etcd, std::string
   FERRY_ASSIGN_OR_RETURN(coord::RangeResult range, etcd.GetPrefix(prefix));
   std::vector<std::string> names;
   for (const coord::KeyValue& kv : range.kvs) {
-    if (kv.key.size() <= prefix.size() || kv.key.size() - prefix.size() > kMaxAddressBytes) continue;
+    if (kv.key.size() <= prefix.size() || kv.key.size() - prefix.size() > kMaxAddressBytes)
+      continue;
     names.push_back(kv.key.substr(prefix.size()));
   }
   return names;
@@ -258,12 +259,13 @@ RosterEntry::RosterEntry(std::shared_ptr<coord::EtcdClient> etcd, std::string ke
       key_(std::move(key)),
       ttl_seconds_(ttl_seconds),
       // The keeper renews; this only looks for a lost lease, a few times a TTL.
-      ticker_(std::make_unique<Ticker>("ferry-roster", Millis(ttl_seconds * 1000 / 4), [this](bool) {
-        if (keeper_ != nullptr && !keeper_->lost()) return;
-        keeper_.reset();
-        Status st = Put();
-        if (!st.ok()) FERRY_LOG_DEBUG("roster: {} not put again yet: {}", key_, st.ToString());
-      })) {}
+      ticker_(
+          std::make_unique<Ticker>("ferry-roster", Millis(ttl_seconds * 1000 / 4), [this](bool) {
+            if (keeper_ != nullptr && !keeper_->lost()) return;
+            keeper_.reset();
+            Status st = Put();
+            if (!st.ok()) FERRY_LOG_DEBUG("roster: {} not put again yet: {}", key_, st.ToString());
+          })) {}
 
 RosterEntry::~RosterEntry() {
   ticker_->Stop();

@@ -26,25 +26,18 @@ inline Status FromProto(const v1::ItemStatus& s) {
 // master's socket calls send this code for what its service answered.
 inline StatusCode CodeFromGrpc(grpc::StatusCode c) {
   switch (c) {
-    case grpc::StatusCode::OK:
-      return StatusCode::kOk;
-    case grpc::StatusCode::DEADLINE_EXCEEDED:
-      return StatusCode::kTimeout;
-    case grpc::StatusCode::INVALID_ARGUMENT:
-      return StatusCode::kInvalidArgument;
+    case grpc::StatusCode::OK: return StatusCode::kOk;
+    case grpc::StatusCode::DEADLINE_EXCEEDED: return StatusCode::kTimeout;
+    case grpc::StatusCode::INVALID_ARGUMENT: return StatusCode::kInvalidArgument;
     case grpc::StatusCode::UNAVAILABLE:
     // Never asked for by the store's calls: the master dropped the call, as
     // one whose leadership has just lapsed does while it stops serving. Like
     // an unreachable master, the caller looks for the leader again
     // (test_cluster_ha's paused leader saw CANCELLED in CI on 2026-12-03).
-    case grpc::StatusCode::CANCELLED:
-      return StatusCode::kUnavailable;
-    case grpc::StatusCode::UNAUTHENTICATED:
-      return StatusCode::kUnauthenticated;
-    case grpc::StatusCode::RESOURCE_EXHAUSTED:
-      return StatusCode::kResourceExhausted;
-    default:
-      return StatusCode::kInternal;
+    case grpc::StatusCode::CANCELLED: return StatusCode::kUnavailable;
+    case grpc::StatusCode::UNAUTHENTICATED: return StatusCode::kUnauthenticated;
+    case grpc::StatusCode::RESOURCE_EXHAUSTED: return StatusCode::kResourceExhausted;
+    default: return StatusCode::kInternal;
   }
 }
 

@@ -19,7 +19,8 @@ class TermFence {
   Status Observe(uint64_t term) {
     uint64_t seen = highest_.load(std::memory_order_acquire);
     while (term > seen) {
-      if (highest_.compare_exchange_weak(seen, term, std::memory_order_acq_rel)) return Status::Ok();
+      if (highest_.compare_exchange_weak(seen, term, std::memory_order_acq_rel))
+        return Status::Ok();
     }
     if (term == seen) return Status::Ok();
     return Status::Unavailable("the master's term " + std::to_string(term) +

@@ -163,12 +163,12 @@ struct MemfdServer::State : std::enable_shared_from_this<State> {
       : registry(registry), timeout(timeout), acceptor(io) {}
 
   void Accept() {
-    acceptor.async_accept([self = shared_from_this()](asio::error_code ec,
-                                                      stream_protocol::socket sock) {
-      if (ec == asio::error::operation_aborted || !self->acceptor.is_open()) return;
-      if (!ec) self->Admit(std::move(sock));
-      self->Accept();
-    });
+    acceptor.async_accept(
+        [self = shared_from_this()](asio::error_code ec, stream_protocol::socket sock) {
+          if (ec == asio::error::operation_aborted || !self->acceptor.is_open()) return;
+          if (!ec) self->Admit(std::move(sock));
+          self->Accept();
+        });
   }
 
   // Serves `sock` if its process is of our uid, or root, and there is room.
@@ -206,7 +206,7 @@ struct MemfdServer::State : std::enable_shared_from_this<State> {
 };
 
 Result<std::unique_ptr<MemfdServer>> MemfdServer::Start(const MemoryRegistry& registry,
-                                                       Millis timeout) {
+                                                        Millis timeout) {
   std::unique_ptr<MemfdServer> server(new MemfdServer());
   server->io_ = std::make_unique<asio::io_context>(1);
   auto s = std::make_shared<State>(*server->io_, registry, timeout);

@@ -28,8 +28,7 @@ class MemfdServer {
   // Listens on a fresh name and starts its thread. Each request must arrive
   // within `timeout` of its connection or of the previous reply. `registry`
   // must outlive the server. IoError when the socket cannot be made.
-  static Result<std::unique_ptr<MemfdServer>> Start(const MemoryRegistry& registry,
-                                                    Millis timeout);
+  static Result<std::unique_ptr<MemfdServer>> Start(const MemoryRegistry& registry, Millis timeout);
   // Stops accepting, closes every connection and joins the thread.
   ~MemfdServer();
   MemfdServer(const MemfdServer&) = delete;

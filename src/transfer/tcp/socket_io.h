@@ -72,8 +72,9 @@ void AsyncReadPayload(asio::ip::tcp::socket& sock, char* dst, uint64_t left, Rcv
     return handler(asio::error_code());
   }
   // Never ask for more than remains, or the last bytes would never wake us.
-  SetRcvLowat(fd, lowat,
-              static_cast<int>(std::clamp<uint64_t>(static_cast<uint64_t>(lowat->ceiling), 1, left)));
+  SetRcvLowat(
+      fd, lowat,
+      static_cast<int>(std::clamp<uint64_t>(static_cast<uint64_t>(lowat->ceiling), 1, left)));
   sock.async_wait(asio::ip::tcp::socket::wait_read,
                   [&sock, dst, left, lowat, tail, handler = std::move(handler),
                    progress = std::move(progress)](asio::error_code ec) mutable {

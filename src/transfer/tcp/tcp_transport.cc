@@ -270,9 +270,9 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
   gpu::Copier* copier_;
   std::unique_ptr<StagingPool> staging_;  // null without a GPU
   std::mutex cap_mu_;
-  Cap gpu_there_, reads_here_;    // see CapFor
-  ThreadPool* landing_;           // see LandStaged; null: inline
-  const uint64_t read_piece_;     // a read's pieces, landing inline; 0: whole
+  Cap gpu_there_, reads_here_;  // see CapFor
+  ThreadPool* landing_;         // see LandStaged; null: inline
+  const uint64_t read_piece_;   // a read's pieces, landing inline; 0: whole
 };
 
 // Thread counts that grow with the machine.
