@@ -2,6 +2,7 @@
 // staging under bad input, the lanes and staging that staged chunks take,
 // and the bench's hand-staged reference (the traced paths:
 // gpu_trace_test.cc). Without a GPU each test reports itself skipped.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,6 +24,7 @@
 #include "gpu/skip.h"
 #include "integration/peer.h"
 #include "integration/raw_client.h"
+#include "transfer/tcp/staging.h"
 
 namespace ferry {
 namespace {
@@ -182,6 +184,63 @@ TEST(Gpu, ChunksStagedHereTakeTheHostLanes) {
   EXPECT_LE(all, host_lanes + 2);
   e.value().reset();
   gpu::FreeDevice(dev.value());
+}
+
+// Every peer's staged chunks share one pool of pinned staging: a second
+// peer pins no more (a pool each pinned 128 MiB a peer by default), and
+// reads into GPU memory from both peers at once, through a pool smaller
+// than either's chunks, land whole.
+TEST(Gpu, PeersShareOnePoolOfPinnedStaging) {
+  SKIP_WITHOUT_GPU();
+  constexpr size_t kBytes = 1 << 20;
+  auto p1 = test::StartPeer(kBytes, 0);
+  auto p2 = test::StartPeer(kBytes, 0);
+  ASSERT_TRUE(p1.ok()) << p1.status().ToString();
+  ASSERT_TRUE(p2.ok()) << p2.status().ToString();
+  auto dev = gpu::AllocDevice(2 * kBytes, 0);
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  char* d = static_cast<char*>(dev.value());
+  for (int buffers : {0, 3}) {
+    SCOPED_TRACE("tcp_staging_buffers " + std::to_string(buffers));
+    EngineOptions o;
+    o.transport = "tcp";
+    o.tcp_gpu_chunk_bytes = 64 << 10;  // 16 chunks a read
+    o.tcp_staging_buffers = buffers;
+    auto e = Engine::Create(o);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    Engine& engine = *e.value();
+    ASSERT_TRUE(engine.RegisterMemory(d, 2 * kBytes).ok());
+    const size_t before = StagingPool::BytesHeld();
+    std::vector<SegmentId> segs;
+    std::vector<std::vector<char>> outs;
+    size_t held = 0;
+    for (auto* p : {&p1.value(), &p2.value()}) {
+      auto seg = engine.OpenSegment(p->segment);
+      ASSERT_TRUE(seg.ok()) << seg.status().ToString();
+      segs.push_back(seg.value());
+      outs.emplace_back(kBytes);
+      test::FillRandom(outs.back().data(), kBytes, 70 + segs.size() + buffers);
+      ASSERT_TRUE(SubmitAndWait(engine, {{Op::kWrite, outs.back().data(), seg.value(),
+                                          p->alloc_addr, kBytes}})
+                      .ok());
+      // Through staging: the engine's pool is made with its first peer.
+      ASSERT_TRUE(SubmitAndWait(engine, {{Op::kRead, d, seg.value(), p->alloc_addr, kBytes}}).ok());
+      if (held == 0) held = StagingPool::BytesHeld() - before;
+      EXPECT_GT(held, 0u);
+      EXPECT_EQ(StagingPool::BytesHeld() - before, held) << "peers opened: " << segs.size();
+    }
+    ASSERT_EQ(cudaMemset(d, 0, 2 * kBytes), cudaSuccess);
+    ASSERT_TRUE(
+        SubmitAndWait(engine, {{Op::kRead, d, segs[0], p1.value().alloc_addr, kBytes},
+                               {Op::kRead, d + kBytes, segs[1], p2.value().alloc_addr, kBytes}})
+            .ok());
+    std::vector<char> in(kBytes);
+    for (size_t i = 0; i < 2; ++i) {
+      ASSERT_EQ(cudaMemcpy(in.data(), d + i * kBytes, kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(in, outs[i]) << "from peer " << i + 1;
+    }
+  }
+  gpu::FreeDevice(d);
 }
 
 // More chunks into GPU memory at the target than may hold staging at once

@@ -1,5 +1,7 @@
 #include "transfer/tcp/staging.h"
 
+#include <atomic>
+
 #include "common/cache.h"
 #include "common/env.h"
 #include "common/event_trace.h"
@@ -8,12 +10,16 @@
 #include "gpu/gpu.h"
 
 namespace ferry {
+namespace {
+std::atomic<size_t> bytes_held{0};
+}  // namespace
 
 Result<std::unique_ptr<StagingPool>> StagingPool::Create(size_t count, size_t bytes) {
   auto pool = std::unique_ptr<StagingPool>(new StagingPool(bytes));
   for (size_t i = 0; i < count; ++i) {
     FERRY_ASSIGN_OR_RETURN(void* p, gpu::AllocPinned(bytes));
     pool->all_.push_back(static_cast<char*>(p));
+    bytes_held += bytes;
   }
   pool->free_ = pool->all_;
   return pool;
@@ -21,7 +27,10 @@ Result<std::unique_ptr<StagingPool>> StagingPool::Create(size_t count, size_t by
 
 StagingPool::~StagingPool() {
   for (char* p : all_) gpu::FreePinned(p);
+  bytes_held -= all_.size() * bytes_;
 }
+
+size_t StagingPool::BytesHeld() { return bytes_held.load(); }
 
 void StagingPool::Take(std::function<void(char*)> fn) {
   char* buf;

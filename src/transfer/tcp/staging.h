@@ -1,5 +1,6 @@
 // Page-locked host buffers of one size, allocated once when their owner is
-// made and reused, so GPU data paths never allocate or pin (R4).
+// made and reused, so GPU data paths never allocate or pin (R4). Shared by
+// every peer of a tcp transport: the pinned memory is per engine, not per peer.
 #pragma once
 
 #include <cstddef>
@@ -29,6 +30,8 @@ class StagingPool {
   StagingPool& operator=(const StagingPool&) = delete;
 
   size_t buffer_bytes() const { return bytes_; }
+  // The pinned bytes of every pool alive in this process.
+  static size_t BytesHeld();
 
   // Calls `fn` with a buffer: now, on this thread, when one is free; else on
   // the thread of the Give that frees one, in request order. `fn` must not block.

@@ -81,7 +81,7 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
   // GPU memory here only do. `read_piece`: ReadPieceBytes, for reads that
   // land inline (a null `landing`).
   TcpEndpoint(std::shared_ptr<LaneGroup> host, std::shared_ptr<LaneGroup> gpu, gpu::Copier* copier,
-              std::unique_ptr<StagingPool> staging, size_t gpu_cap, size_t read_cap,
+              std::shared_ptr<StagingPool> staging, size_t gpu_cap, size_t read_cap,
               ThreadPool* landing, uint64_t read_piece)
       : host_(std::move(host)),
         gpu_(std::move(gpu)),
@@ -268,7 +268,7 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
   const std::shared_ptr<LaneGroup> host_;
   const std::shared_ptr<LaneGroup> gpu_;  // host_ where the lanes are the same
   gpu::Copier* copier_;
-  std::unique_ptr<StagingPool> staging_;  // null without a GPU
+  const std::shared_ptr<StagingPool> staging_;  // the transport's; null without a GPU
   std::mutex cap_mu_;
   Cap gpu_there_, reads_here_;  // see CapFor
   ThreadPool* landing_;         // see LandStaged; null: inline
@@ -382,31 +382,7 @@ class TcpTransport : public Transport {
     auto gpu = gpu_lanes < Lanes(ctx_.options) ? group(gpu_lanes) : host;
     // One window of GPU requests a lane, in staging buffers.
     const int lane_windows = Lanes(ctx_.options) * cfg.gpu_window;
-    std::unique_ptr<StagingPool> staging;
-    if (ctx_.copier != nullptr) {
-      // Two windows of GPU requests for each lane that may carry staged
-      // chunks: those whose far end is host memory take all the lanes. Each
-      // holds a buffer from its copy until its reply, and the copies queue
-      // behind one another (traced on an H100, 1 MiB x 128 with GPU memory
-      // here only: 44 of 58 buffers held waited for their copy out). There,
-      // one window a lane against half that (64 buffers against 32) moved
-      // those writes 17.9 -> 20.7 GB/s and reads into GPU memory here 18.7 ->
-      // 20.5, every round; two against one (128 against 64) moved the writes
-      // 21.5 -> 22.6, 22.1 -> 24.1 and 24.0 -> 31.3 on three leases, 9 of 9
-      // rounds ahead, but the reads 20.9 -> 18.8, 3 of 3 behind, so reads
-      // keep to one window a lane (capped, 30.3 -> 30.4).
-      // With GPU memory at both ends one window a lane lost writes 19.0 ->
-      // 17.4, so chunks into GPU memory there keep to the GPU lanes' windows.
-      const int buffers = ctx_.options.tcp_staging_buffers > 0 ? ctx_.options.tcp_staging_buffers
-                                                               : 2 * lane_windows;
-      auto pool =
-          StagingPool::Create(static_cast<size_t>(buffers), ctx_.options.tcp_gpu_chunk_bytes);
-      if (pool.ok()) {
-        staging = std::move(pool).value();
-      } else {
-        FERRY_LOG_WARN("tcp: no pinned staging for GPU memory: {}", pool.status().ToString());
-      }
-    }
+    std::shared_ptr<StagingPool> staging = Staging(lane_windows);
     return std::shared_ptr<Endpoint>(std::make_shared<TcpEndpoint>(
         std::move(host), std::move(gpu), ctx_.copier, std::move(staging),
         static_cast<size_t>(gpu_lanes * cfg.gpu_window), static_cast<size_t>(lane_windows),
@@ -414,6 +390,39 @@ class TcpTransport : public Transport {
   }
 
  private:
+  // The pool that every peer's staged chunks take their buffers from, made
+  // with the first peer's endpoint; null without a GPU or without the
+  // memory (retried with the next peer).
+  std::shared_ptr<StagingPool> Staging(int lane_windows) {
+    if (ctx_.copier == nullptr) return nullptr;
+    std::lock_guard lk(staging_mu_);
+    if (staging_ != nullptr) return staging_;
+    // Two windows of GPU requests for each lane that may carry staged
+    // chunks: those whose far end is host memory take all the lanes. Each
+    // holds a buffer from its copy until its reply, and the copies queue
+    // behind one another (traced on an H100, 1 MiB x 128 with GPU memory
+    // here only: 44 of 58 buffers held waited for their copy out). There,
+    // one window a lane against half that (64 buffers against 32) moved
+    // those writes 17.9 -> 20.7 GB/s and reads into GPU memory here 18.7 ->
+    // 20.5, every round; two against one (128 against 64) moved the writes
+    // 21.5 -> 22.6, 22.1 -> 24.1 and 24.0 -> 31.3 on three leases, 9 of 9
+    // rounds ahead, but the reads 20.9 -> 18.8, 3 of 3 behind, so reads
+    // keep to one window a lane (capped, 30.3 -> 30.4).
+    // With GPU memory at both ends one window a lane lost writes 19.0 ->
+    // 17.4, so chunks into GPU memory there keep to the GPU lanes' windows.
+    // One peer's worth for all: peers that move at once share it (taken in
+    // request order), where a pool each pinned 128 MiB a peer by default.
+    const int buffers =
+        ctx_.options.tcp_staging_buffers > 0 ? ctx_.options.tcp_staging_buffers : 2 * lane_windows;
+    auto pool = StagingPool::Create(static_cast<size_t>(buffers), ctx_.options.tcp_gpu_chunk_bytes);
+    if (!pool.ok()) {
+      FERRY_LOG_WARN("tcp: no pinned staging for GPU memory: {}", pool.status().ToString());
+      return nullptr;
+    }
+    staging_ = std::move(pool).value();
+    return staging_;
+  }
+
   EngineContext& ctx_;
   TransportCaps caps_;
   std::unique_ptr<TcpTarget> target_;  // our end for peers' lanes, on the listener
@@ -422,6 +431,8 @@ class TcpTransport : public Transport {
   // whose staging its jobs use.
   std::unique_ptr<ThreadPool> landing_;
   const uint64_t read_piece_ = ReadPieceBytes();  // read once an engine
+  std::mutex staging_mu_;
+  std::shared_ptr<StagingPool> staging_;  // guarded by staging_mu_; see Staging
 };
 
 }  // namespace
