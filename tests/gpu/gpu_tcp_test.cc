@@ -188,8 +188,8 @@ TEST(Gpu, ChunksStagedHereTakeTheHostLanes) {
 
 // Every peer's staged chunks share one pool of pinned staging: a second
 // peer pins no more (a pool each pinned 128 MiB a peer by default), and
-// reads into GPU memory from both peers at once, through a pool smaller
-// than either's chunks, land whole.
+// reads into GPU memory from both peers at once, through a pool of fewer
+// buffers than either read has chunks, land whole.
 TEST(Gpu, PeersShareOnePoolOfPinnedStaging) {
   SKIP_WITHOUT_GPU();
   constexpr size_t kBytes = 1 << 20;
