@@ -9,6 +9,8 @@
 // on, the process touches the whole buffer (96 MiB) when it starts.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 
 namespace ferry::trace {
@@ -54,6 +56,12 @@ enum Stage : uint32_t {
   // the other.
   kCopyEnqueued = 25,
   kRefCopyEnqueued = 26,
+  // Initiator: a read's payload is all in (key: the remote address, as
+  // kReply's), any read, so that reply to payload-in is its receive's time.
+  kReadPayloadIn = 27,
+  // How long a lane's hand-on of one piece of a read (Task::on_piece) took
+  // on the socket thread, the copy's enqueue within it (key as kCopyEnqueued's).
+  kPieceHandedOn = 28,
 };
 
 namespace detail {
@@ -65,6 +73,27 @@ void Mark(Stage stage, uint64_t key);
 // A mark at a time taken earlier, or elsewhere: steady clock ns (NowNs).
 void MarkAt(Stage stage, uint64_t key, int64_t ns);
 int64_t NowNs();
+
+// Traced runs: a span of work on `bytes`, for as long as the timer lives,
+// marked as `stage` at its end (key: KiB << 32 | ns). Untraced, a branch.
+class SizedSpan {
+ public:
+  SizedSpan(Stage stage, size_t bytes)
+      : stage_(stage), kib_(bytes >> 10), at_(On() ? NowNs() : 0) {}
+  ~SizedSpan() {
+    if (at_ == 0) return;
+    const int64_t now = NowNs();
+    const auto ns = std::min<uint64_t>(static_cast<uint64_t>(now - at_), 0xffffffffu);
+    MarkAt(stage_, kib_ << 32 | ns, now);
+  }
+  SizedSpan(const SizedSpan&) = delete;
+  SizedSpan& operator=(const SizedSpan&) = delete;
+
+ private:
+  const Stage stage_;
+  const uint64_t kib_;
+  const int64_t at_;
+};
 
 // Marks only when tracing is on.
 #define FERRY_TRACE(stage, key)                                                        \

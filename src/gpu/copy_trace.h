@@ -6,7 +6,6 @@
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -32,31 +31,10 @@ class GpuClock {
   int64_t anchor_ns_ = 0;
 };
 
-// Traced runs: the enqueue of a copy of `bytes`, for as long as the timer
-// lives, marked as `stage` (key: KiB << 32 | ns).
-class EnqueueTimer {
- public:
-  EnqueueTimer(trace::Stage stage, size_t bytes)
-      : stage_(stage), kib_(bytes >> 10), at_(trace::On() ? trace::NowNs() : 0) {}
-  ~EnqueueTimer() {
-    if (at_ == 0) return;
-    const int64_t now = trace::NowNs();
-    const auto ns = std::min<uint64_t>(static_cast<uint64_t>(now - at_), 0xffffffffu);
-    trace::MarkAt(stage_, kib_ << 32 | ns, now);
-  }
-  EnqueueTimer(const EnqueueTimer&) = delete;
-  EnqueueTimer& operator=(const EnqueueTimer&) = delete;
-
- private:
-  const trace::Stage stage_;
-  const uint64_t kib_;
-  const int64_t at_;
-};
-
 // cudaMemcpyAsync, its enqueue timed as `stage` in traced runs.
 inline cudaError_t TimedCopy(trace::Stage stage, void* dst, const void* src, size_t n,
                              cudaMemcpyKind kind, cudaStream_t s) {
-  EnqueueTimer timed(stage, n);
+  trace::SizedSpan timed(stage, n);
   return cudaMemcpyAsync(dst, src, n, kind, s);
 }
 

@@ -74,8 +74,9 @@ TEST(Gpu, TracesAStagedReadsPayloadBeforeItsLanding) {
 
 // A read into GPU memory landing in 256 KiB pieces, traced: each 1 MiB
 // chunk's payload is seen in, then its copies seen done, and it took four
-// enqueues of 256 KiB; the hand-staged streams of the same run mark their
-// own enqueues, of whole 1 MiB blocks.
+// enqueues of 256 KiB, each within a lane's hand-on of its piece; the lane
+// marks each read's payload in; the hand-staged streams of the same run mark
+// their own enqueues, of whole 1 MiB blocks.
 TEST(Gpu, TracesEachCopysEnqueueWithItsSize) {
   SKIP_WITHOUT_GPU();
   setenv("FERRY_READ_PIECE_KIB", "256", 1);
@@ -85,9 +86,11 @@ TEST(Gpu, TracesEachCopysEnqueueWithItsSize) {
   ASSERT_TRUE(j.ok()) << j.status().ToString();
   std::map<std::pair<unsigned, uint64_t>, int> enqueues;  // (stage, KiB)
   std::map<uint64_t, int> in;                             // payloads in, not yet seen landed
-  int reads = 0;
+  int reads = 0, payloads = 0;
   for (const auto& e : events) {
-    if (e.stage == trace::kCopyEnqueued || e.stage == trace::kRefCopyEnqueued) {
+    if (e.stage == trace::kReadPayloadIn) ++payloads;
+    if (e.stage == trace::kCopyEnqueued || e.stage == trace::kRefCopyEnqueued ||
+        e.stage == trace::kPieceHandedOn) {
       ++enqueues[std::make_pair(e.stage, e.key >> 32)];
     } else if (e.stage == trace::kStagedReadIn) {
       ++in[e.key];
@@ -100,6 +103,8 @@ TEST(Gpu, TracesEachCopysEnqueueWithItsSize) {
   auto count = [&](unsigned stage, uint64_t kib) { return enqueues[std::make_pair(stage, kib)]; };
   EXPECT_EQ(count(trace::kCopyEnqueued, 256), 4 * reads);
   EXPECT_EQ(count(trace::kCopyEnqueued, 1024), 0);
+  EXPECT_EQ(count(trace::kPieceHandedOn, 256), 4 * reads);
+  EXPECT_EQ(payloads, reads);
   EXPECT_GT(count(trace::kRefCopyEnqueued, 1024), 0);
 }
 

@@ -345,6 +345,7 @@ void Lane::OnReply(uint64_t gen) {
     if (ec) {
       return self->Fail(Status::ConnectionLost(self->cfg_.peer_name + " closed mid-payload"));
     }
+    FERRY_TRACE(trace::kReadPayloadIn, self->inflight_.front().task.remote);
     self->in_end_ += self->tail_.got;
     self->tail_.got = 0;
     if (crc) return self->ReadChecked(gen);
@@ -367,7 +368,8 @@ void Lane::OnReply(uint64_t gen) {
 
 // The rest of a read's payload, from `at`, received as a whole payload is
 // (the same calls), each whole piece handed on (Task::on_piece) as soon as
-// a receive completes it; the last with the read.
+// a receive completes it; the last with the read. (Receives stopped at each
+// piece's end lost 12%: docs/experiments/piece-receives-2026-12-07.patch.)
 void Lane::ReadPieces(uint64_t gen, uint64_t at) {
   const Task& t = inflight_.front().task;
   const uint64_t piece = t.piece > 0 ? t.piece : t.length;
@@ -375,6 +377,7 @@ void Lane::ReadPieces(uint64_t gen, uint64_t at) {
   auto hand = [on_piece = t.on_piece, piece, length = t.length, handed](uint64_t in) {
     while (in - *handed >= piece || (in == length && *handed < length)) {
       const uint64_t n = std::min(piece, length - *handed);
+      trace::SizedSpan timed(trace::kPieceHandedOn, n);
       (*on_piece)(*handed, n);
       *handed += n;
     }
@@ -384,6 +387,7 @@ void Lane::ReadPieces(uint64_t gen, uint64_t at) {
     if (ec) {
       return self->Fail(Status::ConnectionLost(self->cfg_.peer_name + " closed mid-payload"));
     }
+    FERRY_TRACE(trace::kReadPayloadIn, self->inflight_.front().task.remote);
     hand(self->inflight_.front().task.length);
     self->in_end_ += self->tail_.got;
     self->tail_.got = 0;
