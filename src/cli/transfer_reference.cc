@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "common/cache.h"
 #include "common/clock.h"
 #include "common/cpu_claim.h"
+#include "common/thread_name.h"
 #include "gpu/gpu.h"
 
 namespace ferry::cli {
@@ -255,13 +257,25 @@ bool ReferenceStream(const std::string& host, uint16_t port, bool write, uint64_
   return ok;
 }
 
+// A reference stream's thread name, so that a profile of the whole bench
+// (scripts/gpu-profile) tells its phases apart from the engine's threads:
+// ref-raw, ref-staged, ref-staged-wb, ref-p256, ref-p64-wb, ...
+std::string RefThreadName(const RefMemory& m) {
+  if (m.device < 0) return "ref-raw";
+  std::string name = m.piece_kib > 0 ? "ref-p" + std::to_string(m.piece_kib) : "ref-staged";
+  return m.write_back ? name + "-wb" : name;
+}
+
 }  // namespace
 
 void ServeReference(int lfd, FreshSource fresh, int device) {
   for (;;) {
     int fd = accept(lfd, nullptr, nullptr);
     if (fd < 0) return;
-    std::thread(ServeReferenceStream, fd, fresh, device).detach();
+    std::thread([fd, fresh, device] {
+      NameThisThread("ref-serve");
+      ServeReferenceStream(fd, fresh, device);
+    }).detach();
   }
 }
 
@@ -291,6 +305,7 @@ double ReferenceTcp(const std::string& host, uint16_t port, bool write, uint64_t
   for (int i = 0; i < streams; ++i) {
     const uint64_t n = i + 1 < streams ? share : total - share * static_cast<uint64_t>(i);
     threads.emplace_back([&, n] {
+      NameThisThread(RefThreadName(mem).c_str());
       if (!ReferenceStream(host, port, write, n, block, mem, ready, go, rounds)) {
         failed.fetch_add(1);
       }
