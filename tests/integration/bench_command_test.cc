@@ -130,6 +130,28 @@ TEST(BenchCommand, TracesEveryChunkOfEachBatchWhereAsked) {
   EXPECT_EQ(all[trace::kSent], all[trace::kSend]);
 }
 
+// A traced read marks its payload all in once its reply has come: in each
+// batch as many payloads in as replies, each after its own reply (same key),
+// so reply to payload-in is the receive's time (scripts/trace-batches).
+TEST(BenchCommand, TracesEachReadsPayloadInAfterItsReply) {
+  std::vector<test::TraceEvent> events;
+  auto j = test::RunTracedBench({"--op", "read"}, &events);
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  std::map<uint64_t, int> replied;  // by key: replies not yet matched by a payload in
+  int replies = 0, payloads = 0;
+  for (const test::TraceEvent& e : events) {
+    if (e.stage == trace::kReply) {
+      ++replied[e.key];
+      ++replies;
+    } else if (e.stage == trace::kReadPayloadIn) {
+      EXPECT_GT(replied[e.key]--, 0) << "a payload in with no reply before it";
+      ++payloads;
+    }
+  }
+  EXPECT_GT(replies, 8);
+  EXPECT_EQ(payloads, replies);
+}
+
 // --target-env and --initiator-env: each setting reaches its own side's
 // process alone, and one that side refuses fails the bench.
 TEST(BenchCommand, EachSidesSettingsReachThatSideAlone) {
