@@ -130,9 +130,9 @@ TEST(BenchCommand, TracesEveryChunkOfEachBatchWhereAsked) {
   EXPECT_EQ(all[trace::kSent], all[trace::kSend]);
 }
 
-// A traced read marks its payload all in once its reply has come: in each
-// batch as many payloads in as replies, each after its own reply (same key),
-// so reply to payload-in is the receive's time (scripts/trace-batches).
+// A traced read marks its payload all in once its reply has come: as many
+// payloads in as replies, each after its own reply (same key), so reply to
+// payload-in is the receive's time (scripts/trace-batches).
 TEST(BenchCommand, TracesEachReadsPayloadInAfterItsReply) {
   std::vector<test::TraceEvent> events;
   auto j = test::RunTracedBench({"--op", "read"}, &events);
