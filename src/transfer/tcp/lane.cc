@@ -349,9 +349,10 @@ void Lane::OnReply(uint64_t gen) {
     self->in_end_ += self->tail_.got;
     self->tail_.got = 0;
     if (crc) return self->ReadChecked(gen);
+    self->Complete(Status::Ok());
     // The inbox may hold the next reply's header already: the window's room
     // goes out now, not once the inbox runs dry.
-    self->CompleteRead();
+    self->Pump();
     self->ReadReply(gen);
   };
   if (t.on_piece != nullptr && !crc) return ReadPieces(gen, have);
@@ -390,7 +391,8 @@ void Lane::ReadPieces(uint64_t gen, uint64_t at) {
     hand(self->inflight_.front().task.length);
     self->in_end_ += self->tail_.got;
     self->tail_.got = 0;
-    self->CompleteRead();
+    self->Complete(Status::Ok());
+    self->Pump();
     self->ReadReply(gen);
   };
   tail_ = {inbox_, 0, 0};
@@ -431,30 +433,6 @@ void Lane::ReadChecked(uint64_t gen) {
   if (have == sizeof(in_crc_)) return checked(asio::error_code());
   AsyncReadPayload(sock_, reinterpret_cast<char*>(in_crc_) + have, sizeof(in_crc_) - have, &lowat_,
                    std::move(checked));
-}
-
-// FERRY_TCP_PUMP_FIRST (0 or 1, default 0): 1 sends the room a read
-// leaves before its completion runs, not after. A read into GPU memory
-// landing on this thread writes its staging back and enqueues its copy in
-// that completion (about 110 us a MiB, traced on an H100), and with two
-// reads a lane on the wire the target has only one left to send meanwhile.
-// A knob to compare.
-static bool PumpFirst() {
-  static const bool first = env::GetIntIn("FERRY_TCP_PUMP_FIRST", 0, 1, 0) == 1;
-  return first;
-}
-
-// A read whose payload is in, successfully: its window's room goes out, and
-// it completes, in PumpFirst's order.
-void Lane::CompleteRead() {
-  if (!PumpFirst()) {
-    Complete(Status::Ok());
-    return Pump();
-  }
-  InFlight f = std::move(inflight_.front());
-  inflight_.pop_front();
-  Pump();
-  f.task.Done(Status::Ok());
 }
 
 void Lane::Complete(const Status& st) {

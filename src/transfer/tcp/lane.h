@@ -150,7 +150,6 @@ class Lane : public std::enable_shared_from_this<Lane> {
   void OnReply(uint64_t gen);
   size_t TakeFromInbox(void* dst, size_t n);
   void Complete(const Status& st);
-  void CompleteRead();
   void Fail(const Status& st);
   void ArmTimer();
   void OnTimer();
