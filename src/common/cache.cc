@@ -24,18 +24,18 @@ bool HasLeaf7Ebx(int bit) {
 
 constexpr uintptr_t kLine = 64;
 
-__attribute__((target("clwb"))) void Clwb(const void* p, size_t n) {
+__attribute__((target("clwb"))) void Clwb(const void* p, size_t n, bool fence) {
   auto a = reinterpret_cast<uintptr_t>(p) & ~(kLine - 1);
   const auto end = reinterpret_cast<uintptr_t>(p) + n;
   for (; a < end; a += kLine) __builtin_ia32_clwb(reinterpret_cast<void*>(a));
-  __builtin_ia32_sfence();  // the write-backs are ordered before the DMA is started
+  if (fence) __builtin_ia32_sfence();  // the write-backs are ordered before the DMA is started
 }
 
-__attribute__((target("clflushopt"))) void ClflushOpt(const void* p, size_t n) {
+__attribute__((target("clflushopt"))) void ClflushOpt(const void* p, size_t n, bool fence) {
   auto a = reinterpret_cast<uintptr_t>(p) & ~(kLine - 1);
   const auto end = reinterpret_cast<uintptr_t>(p) + n;
   for (; a < end; a += kLine) __builtin_ia32_clflushopt(reinterpret_cast<void*>(a));
-  __builtin_ia32_sfence();
+  if (fence) __builtin_ia32_sfence();
 }
 
 #endif
@@ -65,19 +65,28 @@ int DmaWriteBackMode() {
 #endif
 }
 
-void WriteBackForDma(const void* p, size_t n) {
+namespace {
+
+void WriteBack(const void* p, size_t n, bool fence) {
 #if defined(__x86_64__)
   if (n == 0) return;
   switch (DmaWriteBackMode()) {
-    case 1: return Clwb(p, n);
-    case 2: return ClflushOpt(p, n);
+    case 1: return Clwb(p, n, fence);
+    case 2: return ClflushOpt(p, n, fence);
     default: return;
   }
 #else
   (void)p;
   (void)n;
+  (void)fence;
 #endif
 }
+
+}  // namespace
+
+void WriteBackForDma(const void* p, size_t n) { WriteBack(p, n, true); }
+
+void WriteBackForDmaUnfenced(const void* p, size_t n) { WriteBack(p, n, false); }
 
 Status CheckWriteBackEnv() { return ModeFromEnv().status(); }
 

@@ -24,6 +24,10 @@ namespace ferry {
 // evicts the lines instead (CLFLUSHOPT, where the CPU has it), so the DMA
 // reads them from memory: an experiment, for hosts other than the H200's.
 void WriteBackForDma(const void* p, size_t n);
+// The same without the closing fence: for a range written back in parts as
+// a receive fills it, where the DMA that follows is no reason to wait for
+// them (coherence never needed the write-back, only the DMA's speed).
+void WriteBackForDmaUnfenced(const void* p, size_t n);
 // What WriteBackForDma does in this process: 0 nothing, 1 write back, 2 evict.
 int DmaWriteBackMode();
 // InvalidArgument when FERRY_STAGING_WRITEBACK is set but not 0, 1 or 2, so

@@ -101,6 +101,10 @@ struct Task {
   // successful Done. A checksummed read's payload goes whole, once checked.
   std::shared_ptr<std::function<void(uint64_t at, uint64_t n)>> on_piece;
   uint64_t piece = 0;
+  // Set on a stand-in read into the transport's staging: the socket thread
+  // writes each receive's bytes of the payload back for the DMA
+  // (common/cache.h) as they come in.
+  bool write_back_in = false;
 
   void Done(const Status& s) const {
     if (on_done) {

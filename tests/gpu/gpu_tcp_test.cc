@@ -341,7 +341,9 @@ TEST(Gpu, ChunksLargerThanThePeersStagingLandWholeOrAreRefusedWhole) {
 // landing thread looking for its own copy's end (read once a process, so
 // here only if no earlier test has landed a chunk); FERRY_READ_PIECE_KIB,
 // reads into GPU memory landing 64 KiB at a time as they come in (read by
-// each engine). GPU chunks go both ways and land whole. A missed flag or
+// each engine); FERRY_WRITEBACK_EAGER and FERRY_WRITEBACK_TAIL_KIB, the
+// staging written back as it comes in or only its tail (read once a
+// process, as the look). GPU chunks go both ways and land whole. A missed flag or
 // look only delays a copy to the copier's thread, which the bench
 // measures, not this test.
 class GpuCompletionKnob : public ::testing::TestWithParam<const char*> {};
@@ -383,7 +385,9 @@ TEST_P(GpuCompletionKnob, CopiesLandWhole) {
 
 INSTANTIATE_TEST_SUITE_P(Knobs, GpuCompletionKnob,
                          ::testing::Values("FERRY_COPY_FLAGS=1", "FERRY_LANDING_LOOK_US=1000",
-                                           "FERRY_READ_LANDING=0", "FERRY_READ_PIECE_KIB=64"));
+                                           "FERRY_READ_LANDING=0", "FERRY_READ_PIECE_KIB=64",
+                                           "FERRY_WRITEBACK_EAGER=1",
+                                           "FERRY_WRITEBACK_TAIL_KIB=64"));
 
 // Copier::Run: pieces added one by one all land before End reports;
 // a run on a GPU that is not there fails its Add and its End.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/cache.h"
 #include "common/crc32c.h"
 #include "common/env.h"
 #include "common/event_trace.h"
@@ -356,6 +357,7 @@ void Lane::OnReply(uint64_t gen) {
     self->ReadReply(gen);
   };
   if (t.on_piece != nullptr && !crc) return ReadPieces(gen, have);
+  if (t.write_back_in) WriteBackForDmaUnfenced(t.local, have);
   if (have == t.length) return landed(asio::error_code());
   // The inbox is empty (the payload took all of it). A small read's receive
   // that ends the payload fills it with what came after, the next reply's
@@ -363,7 +365,16 @@ void Lane::OnReply(uint64_t gen) {
   // several, and it gained nothing measurable on the 2-core VM.
   in_begin_ = in_end_ = 0;
   tail_ = {inbox_, t.length <= kTailedReadBytes ? sizeof(inbox_) : 0, 0};
-  AsyncReadPayload(sock_, t.local + have, t.length - have, &lowat_, std::move(landed), &tail_);
+  if (!t.write_back_in) {
+    return AsyncReadPayload(sock_, t.local + have, t.length - have, &lowat_, std::move(landed),
+                            &tail_);
+  }
+  auto at = std::make_shared<char*>(t.local + have);
+  AsyncReadPayload(sock_, t.local + have, t.length - have, &lowat_, std::move(landed), &tail_,
+                   [at](uint64_t n) {
+                     WriteBackForDmaUnfenced(*at, n);
+                     *at += n;
+                   });
 }
 
 // The rest of a read's payload, from `at`, received as a whole payload is

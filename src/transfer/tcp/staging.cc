@@ -98,17 +98,31 @@ int LandingLookUs() {
   return us;
 }
 
+uint64_t WriteBackTailBytes() {
+  static const uint64_t bytes =
+      static_cast<uint64_t>(env::GetIntIn("FERRY_WRITEBACK_TAIL_KIB", 0, 65536, 0)) << 10;
+  return bytes;
+}
+
+bool WriteBackEager() {
+  static const bool eager = env::GetIntIn("FERRY_WRITEBACK_EAGER", 0, 1, 0) == 1;
+  return eager;
+}
+
 void LandStaged(ThreadPool* pool, gpu::Copier& copier, void* dst, const char* buf, size_t n,
-                int device, std::shared_ptr<gpu::ReadyEvent> ready,
+                int device, bool written_back, std::shared_ptr<gpu::ReadyEvent> ready,
                 std::function<void(const Status&)> done) {
+  // What is left to write back: nothing, the tail or all.
+  const uint64_t tail = WriteBackTailBytes();
+  const size_t wb = written_back ? 0 : tail > 0 && tail < n ? tail : n;
   // A landing thread may look for its copy's end itself; a socket thread
   // never waits on the GPU.
   const int look_us = pool == nullptr ? 0 : LandingLookUs();
-  auto land = [&copier, dst, buf, n, device, look_us, ready = std::move(ready),
+  auto land = [&copier, dst, buf, n, wb, device, look_us, ready = std::move(ready),
                done = std::move(done)]() mutable {
     const auto key = reinterpret_cast<uint64_t>(dst);
     FERRY_TRACE(trace::kLandStart, key);
-    WriteBackForDma(buf, n);
+    WriteBackForDma(buf + n - wb, wb);
     FERRY_TRACE(trace::kLandWrittenBack, key);
     if (trace::On()) {
       done = [done = std::move(done), key](const Status& st) {

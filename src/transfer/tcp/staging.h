@@ -77,15 +77,28 @@ bool ReadsLandInline();
 // read by each engine when it is made.
 uint64_t ReadPieceBytes();
 
+// FERRY_WRITEBACK_TAIL_KIB (0 to 65536; unset, 0: all): where set,
+// LandStaged writes back only the last this many KiB of what it lands, the
+// lines its receive most likely left in the core's private caches (older
+// ones were pushed out by the later ones). A knob to compare.
+uint64_t WriteBackTailBytes();
+
+// FERRY_WRITEBACK_EAGER (0 or 1, default 0): 1 writes a whole read into GPU
+// memory's staging back on the socket thread a receive at a time, as it
+// comes in (Task::write_back_in), unfenced; its landing then writes
+// nothing back. A knob to compare.
+bool WriteBackEager();
+
 // Moves `n` bytes just received into staging `buf` to GPU memory at `dst`:
-// writes the buffer's cache lines back for the DMA (common/cache.h), then
+// writes the buffer's cache lines back for the DMA (common/cache.h), unless
+// `written_back` says its receives did (WriteBackEager), then
 // enqueues the host-to-device copy after `ready`. With a `pool`, both
 // happen on one of its threads, so the socket thread that filled `buf`
 // reads on at once: the write-back costs it about as long as the receive
 // itself. Null: inline. `done` runs on the copier's completion thread, or
 // on the pool's thread that saw the copy end (LandingLookUs).
 void LandStaged(ThreadPool* pool, gpu::Copier& copier, void* dst, const char* buf, size_t n,
-                int device, std::shared_ptr<gpu::ReadyEvent> ready,
+                int device, bool written_back, std::shared_ptr<gpu::ReadyEvent> ready,
                 std::function<void(const Status&)> done);
 
 }  // namespace ferry

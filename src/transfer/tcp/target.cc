@@ -247,7 +247,7 @@ void TcpTarget::CopyThen(const Conn& c, void* dst, const void* src, size_t n, in
 // The same for a buffer just received; `pool` as for LandStaged.
 void TcpTarget::LandThen(const Conn& c, void* dst, const char* buf, size_t n, int device,
                          ThreadPool* pool, Next next) {
-  LandStaged(pool, *copier_, dst, buf, n, device, nullptr, OnStrand(c, std::move(next)));
+  LandStaged(pool, *copier_, dst, buf, n, device, false, nullptr, OnStrand(c, std::move(next)));
 }
 
 TcpTarget::Next TcpTarget::OnStrand(const Conn& c, Next next) {
@@ -304,8 +304,8 @@ void TcpTarget::LandWrite(const Conn& c, const Header& h, int device,
     StatusCode code = st.ok() ? StatusCode::kOk : StatusCode::kInternal;
     c->Fill(out, {Opcode::kWriteAck, code, h.id, h.addr, 0}, nullptr);
   });
-  LandStaged(landing_, *copier_, reinterpret_cast<void*>(h.addr), buf, h.length, device, nullptr,
-             [this, buf, early, ack = std::move(ack)](const Status& st) {
+  LandStaged(landing_, *copier_, reinterpret_cast<void*>(h.addr), buf, h.length, device, false,
+             nullptr, [this, buf, early, ack = std::move(ack)](const Status& st) {
                if (early) staging_->Give(buf);
                ack(st);
              });

@@ -228,18 +228,23 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
       return;
     }
     if (read_piece_ > 0 && read_piece_ < t.length) return StartPieces(std::move(t), buf);
-    LanesFor(t).Post({StandIn(t, buf, [self, t, buf](const Status& s) {
+    // Written back as it comes in only where it lands on the socket thread
+    // that received it.
+    const bool eager = landing_ == nullptr && WriteBackEager();
+    Task h = StandIn(t, buf, [self, t, buf, eager](const Status& s) {
       if (!s.ok()) {
         self->Release(buf, self->CapFor(t));
         return t.Done(s);
       }
       FERRY_TRACE(trace::kStagedReadIn, reinterpret_cast<uint64_t>(t.local));
-      LandStaged(self->landing_, *self->copier_, t.local, buf, t.length, t.gpu_device, t.ready,
-                 [self, t, buf](const Status& s2) {
+      LandStaged(self->landing_, *self->copier_, t.local, buf, t.length, t.gpu_device, eager,
+                 t.ready, [self, t, buf](const Status& s2) {
                    self->Release(buf, self->CapFor(t));
                    t.Done(s2);
                  });
-    })});
+    });
+    h.write_back_in = eager;
+    LanesFor(t).Post({std::move(h)});
   }
 
   // A read into GPU memory whose pieces land as they come in: each piece's
