@@ -23,14 +23,17 @@ namespace ferry {
 // (read once per process, so it applies to every engine in it). With 2 it
 // evicts the lines instead (CLFLUSHOPT, where the CPU has it), so the DMA
 // reads them from memory: an experiment, for hosts other than the H200's.
+// With 3 it only demotes them to the shared cache (CLDEMOTE, a hint that
+// writes nothing to memory, where the CPU has it): an experiment.
 void WriteBackForDma(const void* p, size_t n);
 // The same without the closing fence: for a range written back in parts as
 // a receive fills it, where the DMA that follows is no reason to wait for
 // them (coherence never needed the write-back, only the DMA's speed).
 void WriteBackForDmaUnfenced(const void* p, size_t n);
-// What WriteBackForDma does in this process: 0 nothing, 1 write back, 2 evict.
+// What WriteBackForDma does in this process: 0 nothing, 1 write back, 2 evict,
+// 3 demote.
 int DmaWriteBackMode();
-// InvalidArgument when FERRY_STAGING_WRITEBACK is set but not 0, 1 or 2, so
+// InvalidArgument when FERRY_STAGING_WRITEBACK is set but not 0 to 3, so
 // that Engine::Create refuses it; WriteBackForDma treats such a value as unset.
 Status CheckWriteBackEnv();
 
