@@ -83,9 +83,10 @@ uint64_t ReadPieceBytes();
 // ones were pushed out by the later ones). A knob to compare.
 uint64_t WriteBackTailBytes();
 
-// FERRY_WRITEBACK_EAGER (0 or 1, default 0): 1 writes a whole read into GPU
-// memory's staging back on the socket thread a receive at a time, as it
-// comes in (Task::write_back_in), unfenced; its landing then writes
+// FERRY_WRITEBACK_EAGER (0 or 1, default 0): 1 writes received staging
+// back on the socket thread a receive at a time, as it comes in, unfenced:
+// a whole read into GPU memory here (Task::write_back_in), a write into
+// GPU memory at a target that fits one buffer. Its landing then writes
 // nothing back. A knob to compare.
 bool WriteBackEager();
 

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "common/cache.h"
 #include "common/crc32c.h"
 #include "common/event_trace.h"
 #include "common/log.h"
@@ -261,37 +262,48 @@ void TcpTarget::WriteToDevice(const Conn& c, const Header& h, int device) {
   auto out = c->Reserve();
   WithStaging(c, [this, c, h, device, out](char* buf) {
     c->BeginFrame();
-    AsyncReadPayload(c->socket(), buf, h.length, c->rcv_lowat(),
-                     [this, c, h, device, out, buf](auto ec) {
-                       FERRY_TRACE(trace::kTargetPayload, h.addr);
-                       c->EndFrame();
-                       if (ec) {
-                         staging_->Give(buf);
-                         return c->Shutdown();
-                       }
-                       if ((h.flags & wire::kFlagCrc32c) == 0) {
-                         LandWrite(c, h, device, out, buf);
-                         return c->ReadNext();
-                       }
-                       // Checked in staging, before anything reaches the device.
-                       ReadSum(c, h, buf, [this, c, h, device, out, buf](const Status& st) {
-                         if (!st.ok()) {
-                           staging_->Give(buf);
-                           if (st.code() == StatusCode::kConnectionLost) return;
-                           c->Fill(out, {Opcode::kWriteAck, st.code(), h.id, h.addr, 0}, nullptr);
-                         } else {
-                           LandWrite(c, h, device, out, buf);
-                         }
-                         c->ReadNext();
-                       });
-                     });
+    // Written back as it comes in (WriteBackEager), or whole once it has landed.
+    const bool eager = WriteBackEager();
+    auto at = eager ? std::make_shared<char*>(buf) : nullptr;
+    auto in = [at](uint64_t n) {
+      if (at == nullptr) return;
+      WriteBackForDmaUnfenced(*at, n);
+      *at += n;
+    };
+    AsyncReadPayload(
+        c->socket(), buf, h.length, c->rcv_lowat(),
+        [this, c, h, device, out, buf, eager](auto ec) {
+          FERRY_TRACE(trace::kTargetPayload, h.addr);
+          c->EndFrame();
+          if (ec) {
+            staging_->Give(buf);
+            return c->Shutdown();
+          }
+          if ((h.flags & wire::kFlagCrc32c) == 0) {
+            LandWrite(c, h, device, out, buf, eager);
+            return c->ReadNext();
+          }
+          // Checked in staging, before anything reaches the device.
+          ReadSum(c, h, buf, [this, c, h, device, out, buf, eager](const Status& st) {
+            if (!st.ok()) {
+              staging_->Give(buf);
+              if (st.code() == StatusCode::kConnectionLost) return;
+              c->Fill(out, {Opcode::kWriteAck, st.code(), h.id, h.addr, 0}, nullptr);
+            } else {
+              LandWrite(c, h, device, out, buf, eager);
+            }
+            c->ReadNext();
+          });
+        },
+        nullptr, std::move(in));
   });
 }
 
 // Starts the copy of a received write from staging to the device; its ack
 // fills `out` once it has landed.
 void TcpTarget::LandWrite(const Conn& c, const Header& h, int device,
-                          const std::shared_ptr<FrameConnection::Slot>& out, char* buf) {
+                          const std::shared_ptr<FrameConnection::Slot>& out, char* buf,
+                          bool written_back) {
   // Given back as soon as the copy is done, or only on the connection's
   // thread, where the ack may wait behind the frames that thread serves.
   const bool early = (EarlyRelease() & kReleaseOnLanding) != 0;
@@ -304,8 +316,8 @@ void TcpTarget::LandWrite(const Conn& c, const Header& h, int device,
     StatusCode code = st.ok() ? StatusCode::kOk : StatusCode::kInternal;
     c->Fill(out, {Opcode::kWriteAck, code, h.id, h.addr, 0}, nullptr);
   });
-  LandStaged(landing_, *copier_, reinterpret_cast<void*>(h.addr), buf, h.length, device, false,
-             nullptr, [this, buf, early, ack = std::move(ack)](const Status& st) {
+  LandStaged(landing_, *copier_, reinterpret_cast<void*>(h.addr), buf, h.length, device,
+             written_back, nullptr, [this, buf, early, ack = std::move(ack)](const Status& st) {
                if (early) staging_->Give(buf);
                ack(st);
              });

@@ -68,8 +68,9 @@ class TcpTarget : public FrameService {
                 Next next);
   static Next OnStrand(const Conn& c, Next next);
   void WriteToDevice(const Conn& c, const wire::Header& h, int device);
+  // `written_back`: its receives wrote `buf` back as it came in.
   void LandWrite(const Conn& c, const wire::Header& h, int device,
-                 const std::shared_ptr<FrameConnection::Slot>& out, char* buf);
+                 const std::shared_ptr<FrameConnection::Slot>& out, char* buf, bool written_back);
   void ReadFromDevice(const Conn& c, const wire::Header& h, int device);
   void Serially(const Conn& c, std::function<void(char*)> piece);
   void WriteToDeviceSerial(const Conn& c, const wire::Header& h, int device, char* buf,
