@@ -117,7 +117,7 @@ class RefEnd {
         const size_t p = std::min<size_t>(n - at, piece_ > 0 ? piece_ : n);
         char* in = pipe_->buffer(slot) + at;
         ok = ReadAll(fd, in, p);
-        if (ok && write_back_) WriteBackForDma(in, p);
+        if (ok && write_back_) WriteBackOwnForDma(in, p);
         ok = ok && pipe_->Store(slot, at, dev_ + off + at, p).ok();
         at += p;
       }

@@ -13,6 +13,7 @@ namespace ferry {
 namespace {
 
 constexpr const char* kWriteBackEnv = "FERRY_STAGING_WRITEBACK";
+constexpr int kDefaultMode = 4;
 
 #if defined(__x86_64__)
 // CPUID.(EAX=7,ECX=0):EBX[bit]: 24 is CLWB, 23 CLFLUSHOPT; ECX[25] CLDEMOTE.
@@ -54,9 +55,9 @@ __attribute__((target("cldemote"))) void Cldemote(const void* p, size_t n) {
 #endif
 
 Result<int64_t> ModeFromEnv() {
-  FERRY_ASSIGN_OR_RETURN(int64_t v, env::GetInt(kWriteBackEnv, 1));
-  if (v < 0 || v > 3) {
-    return Status::InvalidArgument(std::string(kWriteBackEnv) + " must be 0 to 3, not " +
+  FERRY_ASSIGN_OR_RETURN(int64_t v, env::GetInt(kWriteBackEnv, kDefaultMode));
+  if (v < 0 || v > 4) {
+    return Status::InvalidArgument(std::string(kWriteBackEnv) + " must be 0 to 4, not " +
                                    std::to_string(v));
   }
   return v;
@@ -68,10 +69,11 @@ int DmaWriteBackMode() {
 #if defined(__x86_64__)
   static const int mode = [] {
     Result<int64_t> v = ModeFromEnv();
-    const int want = v.ok() ? static_cast<int>(v.value()) : 1;
+    const int want = v.ok() ? static_cast<int>(v.value()) : kDefaultMode;
     if (want == 2) return HasLeaf7Ebx(23) ? 2 : 0;
     if (want == 3) return HasCldemote() ? 3 : 0;
-    return want == 1 && HasLeaf7Ebx(24) ? 1 : 0;
+    if (want == 0 || !HasLeaf7Ebx(24)) return 0;
+    return want;
   }();
   return mode;
 #else
@@ -81,27 +83,32 @@ int DmaWriteBackMode() {
 
 namespace {
 
-void WriteBack(const void* p, size_t n, bool fence) {
+void WriteBack(const void* p, size_t n, bool own, bool fence) {
 #if defined(__x86_64__)
+  static const bool demote_own = HasCldemote();
   if (n == 0) return;
   switch (DmaWriteBackMode()) {
     case 1: return Clwb(p, n, fence);
     case 2: return ClflushOpt(p, n, fence);
     case 3: return Cldemote(p, n);
+    case 4: return own && demote_own ? Cldemote(p, n) : Clwb(p, n, fence);
     default: return;
   }
 #else
   (void)p;
   (void)n;
+  (void)own;
   (void)fence;
 #endif
 }
 
 }  // namespace
 
-void WriteBackForDma(const void* p, size_t n) { WriteBack(p, n, true); }
+void WriteBackForDma(const void* p, size_t n) { WriteBack(p, n, false, true); }
 
-void WriteBackForDmaUnfenced(const void* p, size_t n) { WriteBack(p, n, false); }
+void WriteBackOwnForDma(const void* p, size_t n) { WriteBack(p, n, true, true); }
+
+void WriteBackOwnForDmaUnfenced(const void* p, size_t n) { WriteBack(p, n, true, false); }
 
 Status CheckWriteBackEnv() { return ModeFromEnv().status(); }
 

@@ -20,20 +20,31 @@ namespace ferry {
 // on the sending side, measured worse.)
 //
 // Does nothing where the CPU has no CLWB, or with FERRY_STAGING_WRITEBACK=0
-// (read once per process, so it applies to every engine in it). With 2 it
-// evicts the lines instead (CLFLUSHOPT, where the CPU has it), so the DMA
-// reads them from memory: an experiment, for hosts other than the H200's.
-// With 3 it only demotes them to the shared cache (CLDEMOTE, a hint that
-// writes nothing to memory, where the CPU has it): an experiment.
+// (read once per process, so it applies to every engine in it). With 1 every
+// write-back is a CLWB, as before 2026-12-07. With 2 it evicts the lines
+// instead (CLFLUSHOPT, where the CPU has it), so the DMA reads them from
+// memory; with 3 it only demotes them to the shared cache (CLDEMOTE, where
+// the CPU has it): experiments. 4, the default, is 1 but for
+// WriteBackOwnForDma.
 void WriteBackForDma(const void* p, size_t n);
-// The same without the closing fence: for a range written back in parts as
-// a receive fills it, where the DMA that follows is no reason to wait for
-// them (coherence never needed the write-back, only the DMA's speed).
-void WriteBackForDmaUnfenced(const void* p, size_t n);
+// The same, called by the thread whose receive filled the range: in the
+// default mode, where the CPU has CLDEMOTE, its lines are only demoted from
+// this core's caches to the shared one, which writes nothing to memory. On
+// two H100 leases (2026-12-07) that moved reads into GPU memory over tcp,
+// landed on their socket thread, 5-8% (three probes) against CLWB, which
+// costs that thread about 7 ns a line; a demote from another thread's
+// core lost (writes landed at a target: 19.93 -> 16.16 GB/s), as its
+// lines are not there.
+void WriteBackOwnForDma(const void* p, size_t n);
+// WriteBackOwnForDma without the closing fence: for a range written back in
+// parts as a receive fills it, where the DMA that follows is no reason to
+// wait for them (coherence never needed the write-back, only the DMA's
+// speed).
+void WriteBackOwnForDmaUnfenced(const void* p, size_t n);
 // What WriteBackForDma does in this process: 0 nothing, 1 write back, 2 evict,
-// 3 demote.
+// 3 demote, 4 write back or demote one's own (the default).
 int DmaWriteBackMode();
-// InvalidArgument when FERRY_STAGING_WRITEBACK is set but not 0 to 3, so
+// InvalidArgument when FERRY_STAGING_WRITEBACK is set but not 0 to 4, so
 // that Engine::Create refuses it; WriteBackForDma treats such a value as unset.
 Status CheckWriteBackEnv();
 

@@ -348,7 +348,7 @@ Result<double> CopyInFromWrittenBandwidth(int device, size_t block, double secon
     for (int i = 0; i < kRound; ++i) {
       char* b = host + static_cast<size_t>(i) * block;
       std::memset(b, round + i, block);
-      if (write_back) WriteBackForDma(b, block);
+      if (write_back) WriteBackOwnForDma(b, block);
     }
     err = cudaEventRecord(begin, stream);
     for (int i = 0; err == cudaSuccess && i < kRound; ++i) {

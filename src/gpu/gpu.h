@@ -80,7 +80,7 @@ Result<double> StagingBandwidth(int out_device, int in_device, size_t block, dou
 
 // GB/s of `block`-byte copies into device `device` from page-locked blocks
 // this thread has just written, as a socket receive writes a landing's
-// staging, then passed to WriteBackForDma (common/cache.h) when
+// staging, then passed to WriteBackOwnForDma (common/cache.h) when
 // `write_back`: the DMA's reads of lines a CPU holds. Timed on the GPU, so
 // the CPU's writing is not counted. Beside StagingBandwidth's untouched
 // blocks, it tells whether copies in slow down for such lines.

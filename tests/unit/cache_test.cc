@@ -1,6 +1,7 @@
 // WriteBackForDma's modes (FERRY_STAGING_WRITEBACK): each leaves the bytes
-// as they were, and the mode a process runs is the one it asked for where the
-// CPU has the instruction.
+// as they were, written back by any thread or by the one that wrote them, and
+// the mode a process runs is the one it asked for where the CPU has the
+// instruction; unset, the default (4).
 #include "common/cache.h"
 
 #include <gtest/gtest.h>
@@ -30,13 +31,16 @@ bool CpuHas(int mode) {
 
 // The mode is read once a process, so each runs in a child of its own: its
 // exit code is the mode it ran, or 9 when the bytes changed.
+// Null `value`: unset.
 int ModeInAChild(const char* value) {
   const pid_t pid = fork();
   if (pid == 0) {
-    setenv("FERRY_STAGING_WRITEBACK", value, 1);
+    if (value != nullptr) setenv("FERRY_STAGING_WRITEBACK", value, 1);
     std::vector<unsigned char> buf(300001);
     for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<unsigned char>(i * 7);
     WriteBackForDma(buf.data() + 3, buf.size() - 3);  // unaligned at both ends
+    WriteBackOwnForDma(buf.data() + 1, buf.size() - 2);
+    WriteBackOwnForDmaUnfenced(buf.data() + 5, 1000);
     for (size_t i = 0; i < buf.size(); ++i) {
       if (buf[i] != static_cast<unsigned char>(i * 7)) _exit(9);
     }
@@ -52,17 +56,19 @@ TEST(DmaWriteBack, EachModeKeepsTheBytesAndRunsWhereTheCpuCan) {
   EXPECT_EQ(ModeInAChild("1"), CpuHas(1) ? 1 : 0);
   EXPECT_EQ(ModeInAChild("2"), CpuHas(2) ? 2 : 0);
   EXPECT_EQ(ModeInAChild("3"), CpuHas(3) ? 3 : 0);
+  EXPECT_EQ(ModeInAChild("4"), CpuHas(1) ? 4 : 0);
+  EXPECT_EQ(ModeInAChild(nullptr), CpuHas(1) ? 4 : 0);
 }
 
-TEST(DmaWriteBack, OnlyZeroToThreeAreAccepted) {
-  for (const char* bad : {"4", "-1", "evict"}) {
+TEST(DmaWriteBack, OnlyZeroToFourAreAccepted) {
+  for (const char* bad : {"5", "-1", "evict"}) {
     setenv("FERRY_STAGING_WRITEBACK", bad, 1);
     Status st = CheckWriteBackEnv();
     unsetenv("FERRY_STAGING_WRITEBACK");
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(st.message().find("FERRY_STAGING_WRITEBACK"), std::string::npos) << st.ToString();
   }
-  for (const char* good : {"0", "1", "2", "3"}) {
+  for (const char* good : {"0", "1", "2", "3", "4"}) {
     setenv("FERRY_STAGING_WRITEBACK", good, 1);
     Status st = CheckWriteBackEnv();
     unsetenv("FERRY_STAGING_WRITEBACK");

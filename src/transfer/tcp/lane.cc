@@ -357,7 +357,7 @@ void Lane::OnReply(uint64_t gen) {
     self->ReadReply(gen);
   };
   if (t.on_piece != nullptr && !crc) return ReadPieces(gen, have);
-  if (t.write_back_in) WriteBackForDmaUnfenced(t.local, have);
+  if (t.write_back_in) WriteBackOwnForDmaUnfenced(t.local, have);
   if (have == t.length) return landed(asio::error_code());
   // The inbox is empty (the payload took all of it). A small read's receive
   // that ends the payload fills it with what came after, the next reply's
@@ -372,7 +372,7 @@ void Lane::OnReply(uint64_t gen) {
   auto at = std::make_shared<char*>(t.local + have);
   AsyncReadPayload(sock_, t.local + have, t.length - have, &lowat_, std::move(landed), &tail_,
                    [at](uint64_t n) {
-                     WriteBackForDmaUnfenced(*at, n);
+                     WriteBackOwnForDmaUnfenced(*at, n);
                      *at += n;
                    });
 }

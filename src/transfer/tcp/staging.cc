@@ -118,11 +118,17 @@ void LandStaged(ThreadPool* pool, gpu::Copier& copier, void* dst, const char* bu
   // A landing thread may look for its copy's end itself; a socket thread
   // never waits on the GPU.
   const int look_us = pool == nullptr ? 0 : LandingLookUs();
-  auto land = [&copier, dst, buf, n, wb, device, look_us, ready = std::move(ready),
+  const bool here = pool == nullptr;
+  auto land = [&copier, dst, buf, n, wb, here, device, look_us, ready = std::move(ready),
                done = std::move(done)]() mutable {
     const auto key = reinterpret_cast<uint64_t>(dst);
     FERRY_TRACE(trace::kLandStart, key);
-    WriteBackForDma(buf + n - wb, wb);
+    // Inline, this is the thread that received it.
+    if (here) {
+      WriteBackOwnForDma(buf + n - wb, wb);
+    } else {
+      WriteBackForDma(buf + n - wb, wb);
+    }
     FERRY_TRACE(trace::kLandWrittenBack, key);
     if (trace::On()) {
       done = [done = std::move(done), key](const Status& st) {

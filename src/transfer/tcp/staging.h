@@ -91,7 +91,8 @@ uint64_t WriteBackTailBytes();
 bool WriteBackEager();
 
 // Moves `n` bytes just received into staging `buf` to GPU memory at `dst`:
-// writes the buffer's cache lines back for the DMA (common/cache.h), unless
+// writes the buffer's cache lines back for the DMA (common/cache.h; inline,
+// as the thread that received them: WriteBackOwnForDma), unless
 // `written_back` says its receives did (WriteBackEager), then
 // enqueues the host-to-device copy after `ready`. With a `pool`, both
 // happen on one of its threads, so the socket thread that filled `buf`

@@ -267,7 +267,7 @@ void TcpTarget::WriteToDevice(const Conn& c, const Header& h, int device) {
     auto at = eager ? std::make_shared<char*>(buf) : nullptr;
     auto in = [at](uint64_t n) {
       if (at == nullptr) return;
-      WriteBackForDmaUnfenced(*at, n);
+      WriteBackOwnForDmaUnfenced(*at, n);
       *at += n;
     };
     AsyncReadPayload(
