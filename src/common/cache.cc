@@ -16,18 +16,16 @@ constexpr const char* kWriteBackEnv = "FERRY_STAGING_WRITEBACK";
 constexpr int kDefaultMode = 4;
 
 #if defined(__x86_64__)
-// CPUID.(EAX=7,ECX=0):EBX[bit]: 24 is CLWB, 23 CLFLUSHOPT; ECX[25] CLDEMOTE.
-bool HasLeaf7Ebx(int bit) {
+// CPUID.(EAX=7,ECX=0): EBX bit 24 is CLWB, 23 CLFLUSHOPT; ECX bit 25 CLDEMOTE.
+bool HasLeaf7(bool in_ecx, int bit) {
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
-  return (b >> bit) & 1;
+  return ((in_ecx ? c : b) >> bit) & 1;
 }
 
-bool HasCldemote() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
-  return (c >> 25) & 1;
-}
+bool HasClwb() { return HasLeaf7(false, 24); }
+bool HasClflushOpt() { return HasLeaf7(false, 23); }
+bool HasCldemote() { return HasLeaf7(true, 25); }
 
 constexpr uintptr_t kLine = 64;
 
@@ -70,9 +68,9 @@ int DmaWriteBackMode() {
   static const int mode = [] {
     Result<int64_t> v = ModeFromEnv();
     const int want = v.ok() ? static_cast<int>(v.value()) : kDefaultMode;
-    if (want == 2) return HasLeaf7Ebx(23) ? 2 : 0;
+    if (want == 2) return HasClflushOpt() ? 2 : 0;
     if (want == 3) return HasCldemote() ? 3 : 0;
-    if (want == 0 || !HasLeaf7Ebx(24)) return 0;
+    if (want == 0 || !HasClwb()) return 0;
     return want;
   }();
   return mode;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "ferry/status.h"
 
@@ -41,6 +42,17 @@ void WriteBackOwnForDma(const void* p, size_t n);
 // wait for them (coherence never needed the write-back, only the DMA's
 // speed).
 void WriteBackOwnForDmaUnfenced(const void* p, size_t n);
+
+// A receive's progress callback (transfer/tcp/socket_io.h) that writes each
+// part back, unfenced, as it is filled, from `at` on. Null `at`: nothing.
+struct WriteBackAsFilled {
+  char* at = nullptr;
+  void operator()(uint64_t n) {
+    if (at == nullptr) return;
+    WriteBackOwnForDmaUnfenced(at, n);
+    at += n;
+  }
+};
 // What WriteBackForDma does in this process: 0 nothing, 1 write back, 2 evict,
 // 3 demote, 4 write back or demote one's own (the default).
 int DmaWriteBackMode();

@@ -11,6 +11,7 @@
 #endif
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <vector>
 
@@ -58,6 +59,19 @@ TEST(DmaWriteBack, EachModeKeepsTheBytesAndRunsWhereTheCpuCan) {
   EXPECT_EQ(ModeInAChild("3"), CpuHas(3) ? 3 : 0);
   EXPECT_EQ(ModeInAChild("4"), CpuHas(1) ? 4 : 0);
   EXPECT_EQ(ModeInAChild(nullptr), CpuHas(1) ? 4 : 0);
+}
+
+// A receive's callback follows the parts as they are filled, and without a
+// start it does nothing.
+TEST(DmaWriteBack, AsFilledFollowsTheParts) {
+  std::vector<char> buf(6000, 'x');
+  WriteBackAsFilled filled{buf.data() + 1};
+  for (uint64_t n : {100, 0, 4899}) filled(n);
+  EXPECT_EQ(filled.at, buf.data() + 5000);
+  EXPECT_EQ(std::count(buf.begin(), buf.end(), 'x'), 6000);
+  WriteBackAsFilled none;
+  none(10);
+  EXPECT_EQ(none.at, nullptr);
 }
 
 TEST(DmaWriteBack, OnlyZeroToFourAreAccepted) {

@@ -365,16 +365,8 @@ void Lane::OnReply(uint64_t gen) {
   // several, and it gained nothing measurable on the 2-core VM.
   in_begin_ = in_end_ = 0;
   tail_ = {inbox_, t.length <= kTailedReadBytes ? sizeof(inbox_) : 0, 0};
-  if (!t.write_back_in) {
-    return AsyncReadPayload(sock_, t.local + have, t.length - have, &lowat_, std::move(landed),
-                            &tail_);
-  }
-  auto at = std::make_shared<char*>(t.local + have);
   AsyncReadPayload(sock_, t.local + have, t.length - have, &lowat_, std::move(landed), &tail_,
-                   [at](uint64_t n) {
-                     WriteBackOwnForDmaUnfenced(*at, n);
-                     *at += n;
-                   });
+                   WriteBackAsFilled{t.write_back_in ? t.local + have : nullptr});
 }
 
 // The rest of a read's payload, from `at`, received as a whole payload is

@@ -117,8 +117,8 @@ void LandStaged(ThreadPool* pool, gpu::Copier& copier, void* dst, const char* bu
   const size_t wb = written_back ? 0 : tail > 0 && tail < n ? tail : n;
   // A landing thread may look for its copy's end itself; a socket thread
   // never waits on the GPU.
-  const int look_us = pool == nullptr ? 0 : LandingLookUs();
   const bool here = pool == nullptr;
+  const int look_us = here ? 0 : LandingLookUs();
   auto land = [&copier, dst, buf, n, wb, here, device, look_us, ready = std::move(ready),
                done = std::move(done)]() mutable {
     const auto key = reinterpret_cast<uint64_t>(dst);

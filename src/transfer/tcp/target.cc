@@ -264,12 +264,6 @@ void TcpTarget::WriteToDevice(const Conn& c, const Header& h, int device) {
     c->BeginFrame();
     // Written back as it comes in (WriteBackEager), or whole once it has landed.
     const bool eager = WriteBackEager();
-    auto at = eager ? std::make_shared<char*>(buf) : nullptr;
-    auto in = [at](uint64_t n) {
-      if (at == nullptr) return;
-      WriteBackOwnForDmaUnfenced(*at, n);
-      *at += n;
-    };
     AsyncReadPayload(
         c->socket(), buf, h.length, c->rcv_lowat(),
         [this, c, h, device, out, buf, eager](auto ec) {
@@ -295,7 +289,7 @@ void TcpTarget::WriteToDevice(const Conn& c, const Header& h, int device) {
             c->ReadNext();
           });
         },
-        nullptr, std::move(in));
+        nullptr, WriteBackAsFilled{eager ? buf : nullptr});
   });
 }
 
