@@ -63,11 +63,12 @@ struct EngineOptions {
   int tcp_lanes = 0;
   // Of those, how many carry requests that touch GPU memory at the target;
   // env FERRY_TCP_GPU_LANES. Fewer than tcp_lanes: such requests get lanes of
-  // their own, as many as this (GPU memory over tcp was slower on 8 lanes than
-  // on 4 on the H200 machine, reads by a quarter, where host memory gained).
+  // their own, as many as this. 8, all of the default lanes on 16 cores: with
+  // landing_threads 0, writes into GPU memory at the target moved 39% more
+  // than on 4 lanes with a landing pool on an H100 (docs/performance.md).
   // Requests whose GPU memory is only here are staged here and take the host
   // lanes.
-  int tcp_gpu_lanes = 4;
+  int tcp_gpu_lanes = 8;
   uint64_t tcp_chunk_bytes = 512 << 10;  // slice size over TCP; env FERRY_TCP_CHUNK_BYTES
   // The slice size of requests with GPU memory at either end, and the size
   // of the staging buffers at both ends; env FERRY_TCP_GPU_CHUNK_BYTES. Each
@@ -123,11 +124,13 @@ struct EngineOptions {
   // fresh memory by two thirds (docs/performance.md).
   int copy_threads = 0;
   // Threads that start the GPU copies of tcp staging at a target (landing
-  // what a socket received, or filling a reply), so socket threads read on;
-  // env FERRY_LANDING_THREADS. 0: on the socket threads. -1: one per 4 cores,
-  // from 2 up to tcp_gpu_lanes. A read into GPU memory here lands on the
-  // socket thread that received it (FERRY_READ_LANDING=0: on these threads).
-  int landing_threads = -1;
+  // what a socket received, or filling a reply); env FERRY_LANDING_THREADS.
+  // 0: none, the socket thread that received a write lands it, demoting its
+  // own lines, which on 8 GPU lanes beat a pool (docs/performance.md).
+  // -1: one per 4 cores, from 2 up to tcp_gpu_lanes. A read into GPU memory
+  // here lands on the socket thread that received it (FERRY_READ_LANDING=0:
+  // on these threads, where there are any).
+  int landing_threads = 0;
   // RegisterMemory makes host memory present and writable before it returns,
   // so no transfer into it pays a page fault per 4 KiB (up to half the
   // machine's memory; the bytes are unchanged). Env FERRY_POPULATE_REGISTERED

@@ -337,7 +337,9 @@ TEST(Gpu, ChunksLargerThanThePeersStagingLandWholeOrAreRefusedWhole) {
 
 // The knobs that change who sees a copy into the GPU done, each set for
 // the peer (a new process) and this engine: FERRY_COPY_FLAGS=1, completions
-// seen through words the copier's streams write; FERRY_LANDING_LOOK_US, the
+// seen through words the copier's streams write; FERRY_LANDING_THREADS, a
+// pool that lands at the target instead of the socket threads, alone and
+// with FERRY_LANDING_LOOK_US, the
 // landing thread looking for its own copy's end (read once a process, so
 // here only if no earlier test has landed a chunk); FERRY_READ_PIECE_KIB,
 // reads into GPU memory landing 64 KiB at a time as they come in (read by
@@ -351,15 +353,19 @@ class GpuCompletionKnob : public ::testing::TestWithParam<const char*> {};
 TEST_P(GpuCompletionKnob, CopiesLandWhole) {
   SKIP_WITHOUT_GPU();
   constexpr size_t kBytes = 4 << 20;
-  const std::string knob = GetParam();
-  const std::string name = knob.substr(0, knob.find('='));
-  setenv(name.c_str(), knob.substr(knob.find('=') + 1).c_str(), 1);
+  // One or more NAME=VALUE, space-separated.
+  std::vector<std::string> names;
+  std::istringstream knobs(GetParam());
+  for (std::string knob; knobs >> knob;) {
+    names.push_back(knob.substr(0, knob.find('=')));
+    setenv(names.back().c_str(), knob.substr(knob.find('=') + 1).c_str(), 1);
+  }
   auto p = test::StartPeer(kBytes, 0, 0, kBytes);
   EngineOptions o;
   o.transport = "tcp";
   o.tcp_gpu_chunk_bytes = 256 << 10;  // four pieces a chunk
   auto e = Engine::Create(o);
-  unsetenv(name.c_str());
+  for (const auto& name : names) unsetenv(name.c_str());
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   auto dev = gpu::AllocDevice(kBytes, 0);
@@ -384,9 +390,10 @@ TEST_P(GpuCompletionKnob, CopiesLandWhole) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Knobs, GpuCompletionKnob,
-                         ::testing::Values("FERRY_COPY_FLAGS=1", "FERRY_LANDING_LOOK_US=1000",
-                                           "FERRY_READ_LANDING=0", "FERRY_READ_PIECE_KIB=64",
-                                           "FERRY_WRITEBACK_EAGER=1",
+                         ::testing::Values("FERRY_COPY_FLAGS=1", "FERRY_LANDING_THREADS=-1",
+                                           "FERRY_LANDING_THREADS=2 FERRY_LANDING_LOOK_US=1000",
+                                           "FERRY_LANDING_THREADS=2 FERRY_READ_LANDING=0",
+                                           "FERRY_READ_PIECE_KIB=64", "FERRY_WRITEBACK_EAGER=1",
                                            "FERRY_WRITEBACK_TAIL_KIB=64"));
 
 // Copier::Run: pieces added one by one all land before End reports;

@@ -512,9 +512,25 @@ TEST(CudaIpc, FollowsAPeersRegistrationChangesOffTheDataPath) {
   cudaFree(back);
 }
 
+// At the defaults a tcp target lands what its sockets receive on their own
+// threads: no landing pool; landing_threads makes one.
+TEST(Gpu, NoLandingThreadsUnlessAsked) {
+  SKIP_WITHOUT_GPU();
+  for (const int threads : {0, 2}) {
+    // Counted against any an earlier test's engine may have left.
+    const size_t before = test::CpusOfThreadsNamed("ferry-landing").size();
+    EngineOptions o;
+    if (threads > 0) o.landing_threads = threads;
+    auto e = Engine::Create(o);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    EXPECT_EQ(test::CpusOfThreadsNamed("ferry-landing").size() - before,
+              static_cast<size_t>(threads));
+  }
+}
+
 // FERRY_HELPER_CPUS=1 keeps the GPU copier's thread and the landing threads
-// on the io threads' CPUs (here one, by FERRY_IO_CPUS); unset, they are
-// left where the process may run.
+// (two asked for) on the io threads' CPUs (here one, by FERRY_IO_CPUS);
+// unset, they are left where the process may run.
 TEST(Gpu, HelperThreadsGoOnTheIoThreadsCpusWhereAsked) {
   SKIP_WITHOUT_GPU();
   const std::vector<int> allowed = cpus::Allowed();
@@ -524,7 +540,9 @@ TEST(Gpu, HelperThreadsGoOnTheIoThreadsCpusWhereAsked) {
     SCOPED_TRACE(confine ? "confined" : "not confined");
     setenv("FERRY_IO_CPUS", std::to_string(io[0]).c_str(), 1);
     if (confine) setenv("FERRY_HELPER_CPUS", "1", 1);
-    auto e = Engine::Create({});
+    EngineOptions o;
+    o.landing_threads = 2;
+    auto e = Engine::Create(o);
     unsetenv("FERRY_HELPER_CPUS");  // before any assertion can return
     unsetenv("FERRY_IO_CPUS");
     ASSERT_TRUE(e.ok()) << e.status().ToString();

@@ -233,8 +233,8 @@ void TcpTarget::WithStaging(const Conn& c, std::function<void(char*)> fn) {
 }
 
 // Runs `next` on the strand once the staged copy has landed, or failed.
-// The copy is started on the landing pool when there is one, so the socket
-// threads, which bound a read's throughput, make no CUDA calls.
+// The copy is started on the landing pool where landing_threads makes one,
+// else on this socket thread.
 void TcpTarget::CopyThen(const Conn& c, void* dst, const void* src, size_t n, int device,
                          Next next) {
   auto copy = [copier = copier_, dst, src, n, device,
