@@ -53,6 +53,7 @@ struct WriteBackAsFilled {
     at += n;
   }
 };
+
 // What WriteBackForDma does in this process: 0 nothing, 1 write back, 2 evict,
 // 3 demote, 4 write back or demote one's own (the default).
 int DmaWriteBackMode();
