@@ -15,6 +15,7 @@
 #include "common/crc32c.h"
 #include "common/env.h"
 #include "common/event_trace.h"
+#include "common/held_work.h"
 #include "common/host.h"
 #include "common/log.h"
 #include "transfer/frame_service.h"
@@ -123,6 +124,7 @@ class Connection : public FrameConnection, public std::enable_shared_from_this<C
     if (closed_) return;
     if (outq_.size() >= kMaxQueuedReplies) {
       read_paused_ = true;
+      held::RunAll();  // the replies it waits for may be held
       return;
     }
     ReadHeader();
@@ -135,6 +137,7 @@ class Connection : public FrameConnection, public std::enable_shared_from_this<C
     sock_.close(ec);
     timer_.cancel();
     closed_ = true;
+    held::RunAll();
     // Slots not yet filled release what they hold when their work completes.
     for (auto& o : outq_) {
       if (o->ready && o->sent) std::exchange(o->sent, nullptr)();
@@ -183,7 +186,9 @@ class Connection : public FrameConnection, public std::enable_shared_from_this<C
       if (n > 0) got += static_cast<size_t>(n);
     }
     if (got == sizeof(in_)) return DispatchInHand();
-    // Reading waits: the replies held go out first.
+    // Reading waits: the work this thread holds runs, and the replies held
+    // go out, first.
+    held::RunAll();
     if (HoldBytes() > 0) Flush();
     asio::async_read(sock_, asio::buffer(in_ + got, sizeof(in_) - got),
                      [self = shared_from_this()](auto ec, size_t) {

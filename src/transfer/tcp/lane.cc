@@ -7,6 +7,7 @@
 #include "common/crc32c.h"
 #include "common/env.h"
 #include "common/event_trace.h"
+#include "common/held_work.h"
 #include "common/log.h"
 #include "transfer/handshake.h"
 #include "transfer/segment.h"
@@ -442,6 +443,8 @@ void Lane::Complete(const Status& st) {
   InFlight f = std::move(inflight_.front());
   inflight_.pop_front();
   f.task.Done(st);
+  // Nothing more comes in on this lane to push held landings' lines out.
+  if (inflight_.empty()) held::RunAll();
 }
 
 void Lane::Fail(const Status& st) {
@@ -460,6 +463,7 @@ void Lane::Fail(const Status& st) {
   auto inflight = std::move(inflight_);
   inflight_.clear();
   for (auto& f : inflight) f.task.Done(st);
+  held::RunAll();
   // Queued tasks fail too, also those other lanes of a shared queue would
   // have taken: the peer is unreachable or out of step, so pending requests
   // to it fail promptly instead of one lane at a time.

@@ -5,6 +5,7 @@
 #include "common/cache.h"
 #include "common/env.h"
 #include "common/event_trace.h"
+#include "common/held_work.h"
 #include "common/thread_pool.h"
 #include "gpu/copier.h"
 #include "gpu/gpu.h"
@@ -140,6 +141,22 @@ void LandStaged(ThreadPool* pool, gpu::Copier& copier, void* dst, const char* bu
   };
   if (pool == nullptr) return land();
   pool->Post(std::move(land));
+}
+
+int LandDeferDepth() { return static_cast<int>(env::GetIntIn("FERRY_LAND_DEFER", 0, 4, 0)); }
+
+void LandStagedHere(int depth, gpu::Copier& copier, void* dst, const char* buf, size_t n,
+                    int device, bool written_back, std::shared_ptr<gpu::ReadyEvent> ready,
+                    std::function<void(const Status&)> done) {
+  if (depth <= 0 || written_back) {
+    return LandStaged(nullptr, copier, dst, buf, n, device, written_back, std::move(ready),
+                      std::move(done));
+  }
+  held::Hold(static_cast<size_t>(depth), [&copier, dst, buf, n, device, ready = std::move(ready),
+                                          done = std::move(done)](bool early) mutable {
+    // Landed early, its lines may still be in this core's caches.
+    LandStaged(nullptr, copier, dst, buf, n, device, !early, std::move(ready), std::move(done));
+  });
 }
 
 }  // namespace ferry

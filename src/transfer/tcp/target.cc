@@ -7,6 +7,7 @@
 #include "common/cache.h"
 #include "common/crc32c.h"
 #include "common/event_trace.h"
+#include "common/held_work.h"
 #include "common/log.h"
 #include "common/thread_pool.h"
 #include "gpu/copier.h"
@@ -59,6 +60,7 @@ TcpTarget::TcpTarget(const Config& config, const MemoryRegistry& registry, gpu::
     : registry_(registry),
       copier_(copier),
       landing_(config.landing),
+      land_defer_(config.landing == nullptr ? config.land_defer : 0),
       bounce_(std::make_shared<BouncePool>()) {
   if (copier_ != nullptr) {
     auto pool = StagingPool::Create(config.staging_buffers, config.staging_bytes);
@@ -227,6 +229,7 @@ void TcpTarget::HandleRead(const Conn& c, const Header& h) {
 // connection reads no further frame meanwhile, which bounds what it holds.
 void TcpTarget::WithStaging(const Conn& c, std::function<void(char*)> fn) {
   if (char* buf = staging_->TryTake()) return fn(buf);
+  held::RunAll();  // landings held on this thread give buffers back
   staging_->Take([c, fn = std::move(fn)](char* buf) mutable {
     c->Post([buf, fn = std::move(fn)] { fn(buf); });
   });
@@ -310,11 +313,17 @@ void TcpTarget::LandWrite(const Conn& c, const Header& h, int device,
     StatusCode code = st.ok() ? StatusCode::kOk : StatusCode::kInternal;
     c->Fill(out, {Opcode::kWriteAck, code, h.id, h.addr, 0}, nullptr);
   });
-  LandStaged(landing_, *copier_, reinterpret_cast<void*>(h.addr), buf, h.length, device,
-             written_back, nullptr, [this, buf, early, ack = std::move(ack)](const Status& st) {
-               if (early) staging_->Give(buf);
-               ack(st);
-             });
+  auto landed = [this, buf, early, ack = std::move(ack)](const Status& st) {
+    if (early) staging_->Give(buf);
+    ack(st);
+  };
+  void* dst = reinterpret_cast<void*>(h.addr);
+  if (landing_ != nullptr) {
+    return LandStaged(landing_, *copier_, dst, buf, h.length, device, written_back, nullptr,
+                      std::move(landed));
+  }
+  LandStagedHere(land_defer_, *copier_, dst, buf, h.length, device, written_back, nullptr,
+                 std::move(landed));
 }
 
 // A read of GPU memory that fits one staging buffer: copy it device-to-host

@@ -40,6 +40,8 @@ class TcpTarget : public FrameService {
     // memory (LandStaged), GPU memory staged for a reply. Null: on the
     // socket's thread. Must outlive the threads running the listener.
     ThreadPool* landing = nullptr;
+    // Without `landing`: LandDeferDepth (staging.h) for writes into GPU memory.
+    int land_defer = 0;
   };
 
   // `copier` is null without a GPU; it and `registry` must outlive this.
@@ -81,6 +83,7 @@ class TcpTarget : public FrameService {
   const MemoryRegistry& registry_;
   gpu::Copier* const copier_;
   ThreadPool* const landing_;
+  const int land_defer_;
   std::unique_ptr<StagingPool> staging_;  // null without a GPU
   class BouncePool;
   std::shared_ptr<BouncePool> bounce_;  // checksummed writes to host memory land here first

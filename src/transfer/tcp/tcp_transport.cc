@@ -78,11 +78,12 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
   // `gpu` carries the chunks that touch GPU memory; it may be `host`.
   // Of `staging`'s buffers, `gpu_cap` is the most that chunks into GPU
   // memory at the target hold at once, `read_cap` the most that reads into
-  // GPU memory here only do. `read_piece`: ReadPieceBytes, for reads that
-  // land inline (a null `landing`).
+  // GPU memory here only do. `read_piece`: ReadPieceBytes, and
+  // `land_defer`: LandDeferDepth, for reads that land inline (a null
+  // `landing`).
   TcpEndpoint(std::shared_ptr<LaneGroup> host, std::shared_ptr<LaneGroup> gpu, gpu::Copier* copier,
               std::shared_ptr<StagingPool> staging, size_t gpu_cap, size_t read_cap,
-              ThreadPool* landing, uint64_t read_piece)
+              ThreadPool* landing, uint64_t read_piece, int land_defer)
       : host_(std::move(host)),
         gpu_(std::move(gpu)),
         copier_(copier),
@@ -90,7 +91,8 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
         gpu_there_{gpu_cap, 0, {}},
         reads_here_{read_cap, 0, {}},
         landing_(landing),
-        read_piece_(landing == nullptr ? read_piece : 0) {}
+        read_piece_(landing == nullptr ? read_piece : 0),
+        land_defer_(landing == nullptr ? land_defer : 0) {}
   ~TcpEndpoint() override { Close(); }
 
   void Post(std::vector<Task> tasks) override {
@@ -237,11 +239,16 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
         return t.Done(s);
       }
       FERRY_TRACE(trace::kStagedReadIn, reinterpret_cast<uint64_t>(t.local));
-      LandStaged(self->landing_, *self->copier_, t.local, buf, t.length, t.gpu_device, eager,
-                 t.ready, [self, t, buf](const Status& s2) {
-                   self->Release(buf, self->CapFor(t));
-                   t.Done(s2);
-                 });
+      auto landed = [self, t, buf](const Status& s2) {
+        self->Release(buf, self->CapFor(t));
+        t.Done(s2);
+      };
+      if (self->landing_ != nullptr) {
+        return LandStaged(self->landing_, *self->copier_, t.local, buf, t.length, t.gpu_device,
+                          eager, t.ready, std::move(landed));
+      }
+      LandStagedHere(self->land_defer_, *self->copier_, t.local, buf, t.length, t.gpu_device, eager,
+                     t.ready, std::move(landed));
     });
     h.write_back_in = eager;
     LanesFor(t).Post({std::move(h)});
@@ -289,6 +296,7 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
   Cap gpu_there_, reads_here_;  // see CapFor
   ThreadPool* landing_;         // see LandStaged; null: inline
   const uint64_t read_piece_;   // a read's pieces, landing inline; 0: whole
+  const int land_defer_;        // see LandStagedHere
 };
 
 // Thread counts that grow with the machine.
@@ -327,6 +335,7 @@ class TcpTransport : public Transport {
         static_cast<size_t>(Lane::GpuWindow(ctx.options.tcp_chunks_in_flight)), kMaxQueuedReplies);
     tc.staging_buffers = std::clamp<size_t>(static_cast<size_t>(GpuLanes(o)) * per_lane, 16, 64);
     tc.landing = landing_.get();
+    tc.land_defer = land_defer_;
     target_ = std::make_unique<TcpTarget>(tc, ctx.registry, ctx.copier);
   }
 
@@ -402,7 +411,7 @@ class TcpTransport : public Transport {
     return std::shared_ptr<Endpoint>(std::make_shared<TcpEndpoint>(
         std::move(host), std::move(gpu), ctx_.copier, std::move(staging),
         static_cast<size_t>(gpu_lanes * cfg.gpu_window), static_cast<size_t>(lane_windows),
-        ReadsLandInline() ? nullptr : landing_.get(), read_piece_));
+        ReadsLandInline() ? nullptr : landing_.get(), read_piece_, land_defer_));
   }
 
  private:
@@ -447,6 +456,7 @@ class TcpTransport : public Transport {
   // whose staging its jobs use.
   std::unique_ptr<ThreadPool> landing_;
   const uint64_t read_piece_ = ReadPieceBytes();  // read once an engine
+  const int land_defer_ = LandDeferDepth();       // read once an engine
   std::mutex staging_mu_;
   std::shared_ptr<StagingPool> staging_;  // guarded by staging_mu_; see Staging
 };
