@@ -13,7 +13,11 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <string>
+#include <thread>
 #include <vector>
+
+#include "common/held_work.h"
 
 namespace ferry {
 namespace {
@@ -88,6 +92,30 @@ TEST(DmaWriteBack, OnlyZeroToFourAreAccepted) {
     unsetenv("FERRY_STAGING_WRITEBACK");
     EXPECT_TRUE(st.ok()) << good << ": " << st.ToString();
   }
+}
+
+// Past its depth the oldest runs, not early; RunAll runs the rest early,
+// oldest first; another thread's work is its own.
+TEST(HeldWork, RunsTheOldestPastItsDepthAndTheRestOnRunAll) {
+  std::string ran;
+  auto work = [&ran](char name) {
+    return [&ran, name](bool early) { ran += std::string(1, name) + (early ? "!" : "."); };
+  };
+  held::Hold(2, work('a'));
+  held::Hold(2, work('b'));
+  EXPECT_EQ(ran, "");
+  held::Hold(2, work('c'));
+  EXPECT_EQ(ran, "a.");
+  std::thread([&] { held::RunAll(); }).join();
+  EXPECT_EQ(ran, "a.");
+  held::Hold(1, work('d'));  // a smaller depth runs what is past it
+  EXPECT_EQ(ran, "a.b.c.");
+  held::RunAll();
+  EXPECT_EQ(ran, "a.b.c.d!");
+  held::RunAll();
+  EXPECT_EQ(ran, "a.b.c.d!");
+  held::Hold(0, work('e'));  // depth 0: runs now
+  EXPECT_EQ(ran, "a.b.c.d!e.");
 }
 
 }  // namespace
