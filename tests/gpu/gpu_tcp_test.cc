@@ -345,9 +345,10 @@ TEST(Gpu, ChunksLargerThanThePeersStagingLandWholeOrAreRefusedWhole) {
 // reads into GPU memory landing 64 KiB at a time as they come in (read by
 // each engine); FERRY_WRITEBACK_EAGER and FERRY_WRITEBACK_TAIL_KIB, the
 // staging written back as it comes in or only its tail (read once a
-// process, as the look); FERRY_LAND_DEFER, landings held on the socket
-// thread for 1 or 4 later ones, then the rest landed early once the lane or
-// connection waits (read by each engine, here and at the peer). GPU chunks
+// process, as the look); FERRY_LAND_DEFER, landings not held on the
+// socket thread (0), or held for 4 later ones rather than the default 1,
+// the rest landed early once the lane or connection waits (read by each
+// engine, here and at the peer). GPU chunks
 // go both ways and land whole. A missed flag or
 // look only delays a copy to the copier's thread, which the bench
 // measures, not this test.
@@ -397,7 +398,7 @@ INSTANTIATE_TEST_SUITE_P(Knobs, GpuCompletionKnob,
                                            "FERRY_LANDING_THREADS=2 FERRY_LANDING_LOOK_US=1000",
                                            "FERRY_LANDING_THREADS=2 FERRY_READ_LANDING=0",
                                            "FERRY_READ_PIECE_KIB=64", "FERRY_WRITEBACK_EAGER=1",
-                                           "FERRY_WRITEBACK_TAIL_KIB=64", "FERRY_LAND_DEFER=1",
+                                           "FERRY_WRITEBACK_TAIL_KIB=64", "FERRY_LAND_DEFER=0",
                                            "FERRY_LAND_DEFER=4"));
 
 // Copier::Run: pieces added one by one all land before End reports;

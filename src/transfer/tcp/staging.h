@@ -103,14 +103,14 @@ void LandStaged(ThreadPool* pool, gpu::Copier& copier, void* dst, const char* bu
                 int device, bool written_back, std::shared_ptr<gpu::ReadyEvent> ready,
                 std::function<void(const Status&)> done);
 
-// FERRY_LAND_DEFER (0 to 4; unset, 0): where set, a landing on the socket
+// FERRY_LAND_DEFER (0 to 4; unset, 1): where not 0, a landing on the socket
 // thread that received it (a read into GPU memory here, a write into it at
 // a target) is held on that thread until this many later ones have come,
 // then lands without the write-back: their receives have pushed its lines
 // out of the core's private caches. What a thread holds lands, written
 // back, before it waits: once a lane of it has nothing on the wire, once a
-// target's connection waits for its next frame (common/held_work.h). A
-// knob to compare; read by each engine when it is made.
+// target's connection waits for its next frame (common/held_work.h). 0
+// lands at once, written back. Read by each engine when it is made.
 int LandDeferDepth();
 
 // LandStaged on this thread (no pool), held there as FERRY_LAND_DEFER says
