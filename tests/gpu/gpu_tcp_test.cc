@@ -348,10 +348,9 @@ TEST(Gpu, ChunksLargerThanThePeersStagingLandWholeOrAreRefusedWhole) {
 // process, as the look); FERRY_LAND_DEFER, landings not held on the
 // socket thread (0), or held for 4 later ones rather than the default 1,
 // the rest landed early once the lane or connection waits (read by each
-// engine, here and at the peer). GPU chunks
-// go both ways and land whole. A missed flag or
-// look only delays a copy to the copier's thread, which the bench
-// measures, not this test.
+// engine, here and at the peer). GPU chunks go both ways and land whole.
+// A missed flag or look only delays a copy to the copier's thread, which
+// the bench measures, not this test.
 class GpuCompletionKnob : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(GpuCompletionKnob, CopiesLandWhole) {
