@@ -20,26 +20,24 @@ inline std::deque<Work>& Queue() {
   return q;
 }
 
-// Holds `w` on this thread; runs the oldest held, not early, while more
-// than `depth` are held.
-inline void Hold(size_t depth, Work w) {
+// Runs the oldest held while more than `keep` are held.
+inline void RunPast(size_t keep, bool early) {
   auto& q = Queue();
-  q.push_back(std::move(w));
-  while (q.size() > depth) {
+  while (q.size() > keep) {
     Work oldest = std::move(q.front());
     q.pop_front();
-    oldest(false);
+    oldest(early);
   }
 }
 
-// Runs everything this thread holds, early, oldest first. Cheap when none.
-inline void RunAll() {
-  auto& q = Queue();
-  while (!q.empty()) {
-    Work oldest = std::move(q.front());
-    q.pop_front();
-    oldest(true);
-  }
+// Holds `w` on this thread; runs the oldest held, not early, while more
+// than `depth` are held.
+inline void Hold(size_t depth, Work w) {
+  Queue().push_back(std::move(w));
+  RunPast(depth, false);
 }
+
+// Runs everything this thread holds, early, oldest first. Cheap when none.
+inline void RunAll() { RunPast(0, true); }
 
 }  // namespace ferry::held

@@ -339,9 +339,9 @@ TEST(Gpu, ChunksLargerThanThePeersStagingLandWholeOrAreRefusedWhole) {
 // the peer (a new process) and this engine: FERRY_COPY_FLAGS=1, completions
 // seen through words the copier's streams write; FERRY_LANDING_THREADS, a
 // pool that lands at the target instead of the socket threads, alone and
-// with FERRY_LANDING_LOOK_US, the
-// landing thread looking for its own copy's end (read once a process, so
-// here only if no earlier test has landed a chunk); FERRY_READ_PIECE_KIB,
+// with FERRY_LANDING_LOOK_US, the landing thread looking for its own copy's
+// end (read once a process, so here only if no earlier test has landed a
+// chunk); FERRY_READ_PIECE_KIB,
 // reads into GPU memory landing 64 KiB at a time as they come in (read by
 // each engine); FERRY_WRITEBACK_EAGER and FERRY_WRITEBACK_TAIL_KIB, the
 // staging written back as it comes in or only its tail (read once a

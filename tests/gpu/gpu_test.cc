@@ -518,13 +518,15 @@ TEST(Gpu, NoLandingThreadsUnlessAsked) {
   SKIP_WITHOUT_GPU();
   for (const int threads : {0, 2}) {
     // Counted against any an earlier test's engine may have left.
-    const size_t before = test::CpusOfThreadsNamed("ferry-landing").size();
+    auto landing = [] {
+      return static_cast<int>(test::CpusOfThreadsNamed("ferry-landing").size());
+    };
+    const int before = landing();
     EngineOptions o;
     if (threads > 0) o.landing_threads = threads;
     auto e = Engine::Create(o);
     ASSERT_TRUE(e.ok()) << e.status().ToString();
-    EXPECT_EQ(test::CpusOfThreadsNamed("ferry-landing").size() - before,
-              static_cast<size_t>(threads));
+    EXPECT_EQ(landing() - before, threads);
   }
 }
 

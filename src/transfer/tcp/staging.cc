@@ -111,8 +111,17 @@ bool WriteBackEager() {
 }
 
 void LandStaged(ThreadPool* pool, gpu::Copier& copier, void* dst, const char* buf, size_t n,
-                int device, bool written_back, std::shared_ptr<gpu::ReadyEvent> ready,
+                int device, bool written_back, int defer, std::shared_ptr<gpu::ReadyEvent> ready,
                 std::function<void(const Status&)> done) {
+  if (pool == nullptr && defer > 0 && !written_back) {
+    held::Hold(static_cast<size_t>(defer), [&copier, dst, buf, n, device, ready = std::move(ready),
+                                            done = std::move(done)](bool early) mutable {
+      // Landed early, its lines may still be in this core's caches.
+      LandStaged(nullptr, copier, dst, buf, n, device, !early, 0, std::move(ready),
+                 std::move(done));
+    });
+    return;
+  }
   // What is left to write back: nothing, the tail or all.
   const uint64_t tail = WriteBackTailBytes();
   const size_t wb = written_back ? 0 : tail > 0 && tail < n ? tail : n;
@@ -148,20 +157,6 @@ int LandDeferDepth() {
   // 29.67 -> 34.78 GB/s, writes into it at the target 25.05 -> 31.87, 3
   // rounds of 3 ahead each; 2 moved reads no further (34.82).
   return static_cast<int>(env::GetIntIn("FERRY_LAND_DEFER", 0, 4, 1));
-}
-
-void LandStagedHere(int depth, gpu::Copier& copier, void* dst, const char* buf, size_t n,
-                    int device, bool written_back, std::shared_ptr<gpu::ReadyEvent> ready,
-                    std::function<void(const Status&)> done) {
-  if (depth <= 0 || written_back) {
-    return LandStaged(nullptr, copier, dst, buf, n, device, written_back, std::move(ready),
-                      std::move(done));
-  }
-  held::Hold(static_cast<size_t>(depth), [&copier, dst, buf, n, device, ready = std::move(ready),
-                                          done = std::move(done)](bool early) mutable {
-    // Landed early, its lines may still be in this core's caches.
-    LandStaged(nullptr, copier, dst, buf, n, device, !early, std::move(ready), std::move(done));
-  });
 }
 
 }  // namespace ferry

@@ -97,10 +97,12 @@ bool WriteBackEager();
 // enqueues the host-to-device copy after `ready`. With a `pool`, both
 // happen on one of its threads, so the socket thread that filled `buf`
 // reads on at once: the write-back costs it about as long as the receive
-// itself. Null: inline. `done` runs on the copier's completion thread, or
-// on the pool's thread that saw the copy end (LandingLookUs).
+// itself. Null: inline, or held on this thread for `defer` later landings
+// where `defer` > 0 and nothing was written back (LandDeferDepth). `done`
+// runs on the copier's completion thread, or on the pool's thread that saw
+// the copy end (LandingLookUs).
 void LandStaged(ThreadPool* pool, gpu::Copier& copier, void* dst, const char* buf, size_t n,
-                int device, bool written_back, std::shared_ptr<gpu::ReadyEvent> ready,
+                int device, bool written_back, int defer, std::shared_ptr<gpu::ReadyEvent> ready,
                 std::function<void(const Status&)> done);
 
 // FERRY_LAND_DEFER (0 to 4; unset, 1): where not 0, a landing on the socket
@@ -112,11 +114,5 @@ void LandStaged(ThreadPool* pool, gpu::Copier& copier, void* dst, const char* bu
 // target's connection waits for its next frame (common/held_work.h). 0
 // lands at once, written back. Read by each engine when it is made.
 int LandDeferDepth();
-
-// LandStaged on this thread (no pool), held there as FERRY_LAND_DEFER says
-// where `depth` > 0; inline at once where `written_back` or `depth` is 0.
-void LandStagedHere(int depth, gpu::Copier& copier, void* dst, const char* buf, size_t n,
-                    int device, bool written_back, std::shared_ptr<gpu::ReadyEvent> ready,
-                    std::function<void(const Status&)> done);
 
 }  // namespace ferry

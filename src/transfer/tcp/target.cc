@@ -60,7 +60,7 @@ TcpTarget::TcpTarget(const Config& config, const MemoryRegistry& registry, gpu::
     : registry_(registry),
       copier_(copier),
       landing_(config.landing),
-      land_defer_(config.landing == nullptr ? config.land_defer : 0),
+      land_defer_(config.land_defer),
       bounce_(std::make_shared<BouncePool>()) {
   if (copier_ != nullptr) {
     auto pool = StagingPool::Create(config.staging_buffers, config.staging_bytes);
@@ -251,7 +251,7 @@ void TcpTarget::CopyThen(const Conn& c, void* dst, const void* src, size_t n, in
 // The same for a buffer just received; `pool` as for LandStaged.
 void TcpTarget::LandThen(const Conn& c, void* dst, const char* buf, size_t n, int device,
                          ThreadPool* pool, Next next) {
-  LandStaged(pool, *copier_, dst, buf, n, device, false, nullptr, OnStrand(c, std::move(next)));
+  LandStaged(pool, *copier_, dst, buf, n, device, false, 0, nullptr, OnStrand(c, std::move(next)));
 }
 
 TcpTarget::Next TcpTarget::OnStrand(const Conn& c, Next next) {
@@ -313,17 +313,12 @@ void TcpTarget::LandWrite(const Conn& c, const Header& h, int device,
     StatusCode code = st.ok() ? StatusCode::kOk : StatusCode::kInternal;
     c->Fill(out, {Opcode::kWriteAck, code, h.id, h.addr, 0}, nullptr);
   });
-  auto landed = [this, buf, early, ack = std::move(ack)](const Status& st) {
-    if (early) staging_->Give(buf);
-    ack(st);
-  };
-  void* dst = reinterpret_cast<void*>(h.addr);
-  if (landing_ != nullptr) {
-    return LandStaged(landing_, *copier_, dst, buf, h.length, device, written_back, nullptr,
-                      std::move(landed));
-  }
-  LandStagedHere(land_defer_, *copier_, dst, buf, h.length, device, written_back, nullptr,
-                 std::move(landed));
+  LandStaged(landing_, *copier_, reinterpret_cast<void*>(h.addr), buf, h.length, device,
+             written_back, land_defer_, nullptr,
+             [this, buf, early, ack = std::move(ack)](const Status& st) {
+               if (early) staging_->Give(buf);
+               ack(st);
+             });
 }
 
 // A read of GPU memory that fits one staging buffer: copy it device-to-host

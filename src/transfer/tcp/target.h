@@ -40,7 +40,8 @@ class TcpTarget : public FrameService {
     // memory (LandStaged), GPU memory staged for a reply. Null: on the
     // socket's thread. Must outlive the threads running the listener.
     ThreadPool* landing = nullptr;
-    // Without `landing`: LandDeferDepth (staging.h) for writes into GPU memory.
+    // LandDeferDepth (staging.h) for writes into GPU memory; only without
+    // `landing`.
     int land_defer = 0;
   };
 

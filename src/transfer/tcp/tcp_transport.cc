@@ -78,9 +78,8 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
   // `gpu` carries the chunks that touch GPU memory; it may be `host`.
   // Of `staging`'s buffers, `gpu_cap` is the most that chunks into GPU
   // memory at the target hold at once, `read_cap` the most that reads into
-  // GPU memory here only do. `read_piece`: ReadPieceBytes, and
-  // `land_defer`: LandDeferDepth, for reads that land inline (a null
-  // `landing`).
+  // GPU memory here only do. `read_piece`: ReadPieceBytes, for reads that
+  // land inline (a null `landing`); `land_defer`: LandDeferDepth.
   TcpEndpoint(std::shared_ptr<LaneGroup> host, std::shared_ptr<LaneGroup> gpu, gpu::Copier* copier,
               std::shared_ptr<StagingPool> staging, size_t gpu_cap, size_t read_cap,
               ThreadPool* landing, uint64_t read_piece, int land_defer)
@@ -92,7 +91,7 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
         reads_here_{read_cap, 0, {}},
         landing_(landing),
         read_piece_(landing == nullptr ? read_piece : 0),
-        land_defer_(landing == nullptr ? land_defer : 0) {}
+        land_defer_(land_defer) {}
   ~TcpEndpoint() override { Close(); }
 
   void Post(std::vector<Task> tasks) override {
@@ -239,16 +238,11 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
         return t.Done(s);
       }
       FERRY_TRACE(trace::kStagedReadIn, reinterpret_cast<uint64_t>(t.local));
-      auto landed = [self, t, buf](const Status& s2) {
-        self->Release(buf, self->CapFor(t));
-        t.Done(s2);
-      };
-      if (self->landing_ != nullptr) {
-        return LandStaged(self->landing_, *self->copier_, t.local, buf, t.length, t.gpu_device,
-                          eager, t.ready, std::move(landed));
-      }
-      LandStagedHere(self->land_defer_, *self->copier_, t.local, buf, t.length, t.gpu_device, eager,
-                     t.ready, std::move(landed));
+      LandStaged(self->landing_, *self->copier_, t.local, buf, t.length, t.gpu_device, eager,
+                 self->land_defer_, t.ready, [self, t, buf](const Status& s2) {
+                   self->Release(buf, self->CapFor(t));
+                   t.Done(s2);
+                 });
     });
     h.write_back_in = eager;
     LanesFor(t).Post({std::move(h)});
@@ -296,7 +290,7 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
   Cap gpu_there_, reads_here_;  // see CapFor
   ThreadPool* landing_;         // see LandStaged; null: inline
   const uint64_t read_piece_;   // a read's pieces, landing inline; 0: whole
-  const int land_defer_;        // see LandStagedHere
+  const int land_defer_;        // see LandStaged
 };
 
 // Thread counts that grow with the machine.
