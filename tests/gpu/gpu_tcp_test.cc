@@ -348,7 +348,8 @@ TEST(Gpu, ChunksLargerThanThePeersStagingLandWholeOrAreRefusedWhole) {
 // process, as the look); FERRY_LAND_DEFER, landings not held on the
 // socket thread (0), or held for 4 later ones rather than the default 1,
 // the rest landed early once the lane or connection waits (read by each
-// engine, here and at the peer). GPU chunks go both ways and land whole.
+// engine, here and at the peer); FERRY_LAND_EARLY_WRITEBACK=0, those
+// landed early without the write-back. GPU chunks go both ways and land whole.
 // A missed flag or look only delays a copy to the copier's thread, which
 // the bench measures, not this test.
 class GpuCompletionKnob : public ::testing::TestWithParam<const char*> {};
@@ -398,7 +399,8 @@ INSTANTIATE_TEST_SUITE_P(Knobs, GpuCompletionKnob,
                                            "FERRY_LANDING_THREADS=2 FERRY_READ_LANDING=0",
                                            "FERRY_READ_PIECE_KIB=64", "FERRY_WRITEBACK_EAGER=1",
                                            "FERRY_WRITEBACK_TAIL_KIB=64", "FERRY_LAND_DEFER=0",
-                                           "FERRY_LAND_DEFER=4"));
+                                           "FERRY_LAND_DEFER=4",
+                                           "FERRY_LAND_EARLY_WRITEBACK=0"));
 
 // Copier::Run: pieces added one by one all land before End reports;
 // a run on a GPU that is not there fails its Add and its End.

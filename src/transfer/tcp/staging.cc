@@ -111,14 +111,16 @@ bool WriteBackEager() {
 }
 
 void LandStaged(ThreadPool* pool, gpu::Copier& copier, void* dst, const char* buf, size_t n,
-                int device, bool written_back, int defer, std::shared_ptr<gpu::ReadyEvent> ready,
+                int device, bool written_back, LandHold hold, std::shared_ptr<gpu::ReadyEvent> ready,
                 std::function<void(const Status&)> done) {
-  if (pool == nullptr && defer > 0 && !written_back) {
-    held::Hold(static_cast<size_t>(defer), [&copier, dst, buf, n, device, ready = std::move(ready),
-                                            done = std::move(done)](bool early) mutable {
-      // Landed early, its lines may still be in this core's caches.
-      LandStaged(nullptr, copier, dst, buf, n, device, !early, 0, std::move(ready),
-                 std::move(done));
+  if (pool == nullptr && hold.depth > 0 && !written_back) {
+    const bool early_wb = hold.early_writes_back;
+    held::Hold(static_cast<size_t>(hold.depth),
+               [&copier, dst, buf, n, device, early_wb, ready = std::move(ready),
+                done = std::move(done)](bool early) mutable {
+                 // Landed early, its lines may still be in this core's caches.
+                 LandStaged(nullptr, copier, dst, buf, n, device, !(early && early_wb), LandHold{},
+                            std::move(ready), std::move(done));
     });
     return;
   }
@@ -157,6 +159,10 @@ int LandDeferDepth() {
   // 29.67 -> 34.78 GB/s, writes into it at the target 25.05 -> 31.87, 3
   // rounds of 3 ahead each; 2 moved reads no further (34.82).
   return static_cast<int>(env::GetIntIn("FERRY_LAND_DEFER", 0, 4, 1));
+}
+
+LandHold LandHoldFromEnv() {
+  return {LandDeferDepth(), env::GetIntIn("FERRY_LAND_EARLY_WRITEBACK", 0, 1, 1) == 1};
 }
 
 }  // namespace ferry

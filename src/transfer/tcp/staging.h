@@ -90,6 +90,20 @@ uint64_t WriteBackTailBytes();
 // nothing back. A knob to compare.
 bool WriteBackEager();
 
+// How a socket thread holds its landings (LandStaged): for `depth` later
+// ones (FERRY_LAND_DEFER; 0 lands at once), and whether one landed early,
+// because its thread is about to wait, writes its lines back first
+// (FERRY_LAND_EARLY_WRITEBACK, 0 or 1, default 1). Without the write-back a
+// thread with nothing more to receive leaves no later receive for the
+// DMA's reads of its dirty lines to slow, and a lane's last chunk lands
+// without the write-back's time ahead of it. Read by each engine when it
+// is made.
+struct LandHold {
+  int depth = 0;
+  bool early_writes_back = true;
+};
+LandHold LandHoldFromEnv();
+
 // Moves `n` bytes just received into staging `buf` to GPU memory at `dst`:
 // writes the buffer's cache lines back for the DMA (common/cache.h; inline,
 // as the thread that received them: WriteBackOwnForDma), unless
@@ -97,12 +111,12 @@ bool WriteBackEager();
 // enqueues the host-to-device copy after `ready`. With a `pool`, both
 // happen on one of its threads, so the socket thread that filled `buf`
 // reads on at once: the write-back costs it about as long as the receive
-// itself. Null: inline, or held on this thread for `defer` later landings
-// where `defer` > 0 and nothing was written back (LandDeferDepth). `done`
+// itself. Null: inline, or held on this thread for `hold.depth` later
+// landings where that is > 0 and nothing was written back. `done`
 // runs on the copier's completion thread, or on the pool's thread that saw
 // the copy end (LandingLookUs).
 void LandStaged(ThreadPool* pool, gpu::Copier& copier, void* dst, const char* buf, size_t n,
-                int device, bool written_back, int defer, std::shared_ptr<gpu::ReadyEvent> ready,
+                int device, bool written_back, LandHold hold, std::shared_ptr<gpu::ReadyEvent> ready,
                 std::function<void(const Status&)> done);
 
 // FERRY_LAND_DEFER (0 to 4; unset, 1): where not 0, a landing on the socket
@@ -110,7 +124,7 @@ void LandStaged(ThreadPool* pool, gpu::Copier& copier, void* dst, const char* bu
 // a target) is held on that thread until this many later ones have come,
 // then lands without the write-back: their receives have pushed its lines
 // out of the core's private caches. What a thread holds lands, written
-// back, before it waits: once a lane of it has nothing on the wire, once a
+// back unless LandHold says not, before it waits: once a lane of it has nothing on the wire, once a
 // target's connection waits for its next frame (common/held_work.h). 0
 // lands at once, written back. Read by each engine when it is made.
 int LandDeferDepth();

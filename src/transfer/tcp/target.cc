@@ -60,7 +60,7 @@ TcpTarget::TcpTarget(const Config& config, const MemoryRegistry& registry, gpu::
     : registry_(registry),
       copier_(copier),
       landing_(config.landing),
-      land_defer_(config.land_defer),
+      land_hold_(config.land_hold),
       bounce_(std::make_shared<BouncePool>()) {
   if (copier_ != nullptr) {
     auto pool = StagingPool::Create(config.staging_buffers, config.staging_bytes);
@@ -251,7 +251,7 @@ void TcpTarget::CopyThen(const Conn& c, void* dst, const void* src, size_t n, in
 // The same for a buffer just received; `pool` as for LandStaged.
 void TcpTarget::LandThen(const Conn& c, void* dst, const char* buf, size_t n, int device,
                          ThreadPool* pool, Next next) {
-  LandStaged(pool, *copier_, dst, buf, n, device, false, 0, nullptr, OnStrand(c, std::move(next)));
+  LandStaged(pool, *copier_, dst, buf, n, device, false, LandHold{}, nullptr, OnStrand(c, std::move(next)));
 }
 
 TcpTarget::Next TcpTarget::OnStrand(const Conn& c, Next next) {
@@ -314,7 +314,7 @@ void TcpTarget::LandWrite(const Conn& c, const Header& h, int device,
     c->Fill(out, {Opcode::kWriteAck, code, h.id, h.addr, 0}, nullptr);
   });
   LandStaged(landing_, *copier_, reinterpret_cast<void*>(h.addr), buf, h.length, device,
-             written_back, land_defer_, nullptr,
+             written_back, land_hold_, nullptr,
              [this, buf, early, ack = std::move(ack)](const Status& st) {
                if (early) staging_->Give(buf);
                ack(st);

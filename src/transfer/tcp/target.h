@@ -40,9 +40,9 @@ class TcpTarget : public FrameService {
     // memory (LandStaged), GPU memory staged for a reply. Null: on the
     // socket's thread. Must outlive the threads running the listener.
     ThreadPool* landing = nullptr;
-    // LandDeferDepth (staging.h) for writes into GPU memory; only without
+    // LandHold (staging.h) for writes into GPU memory; only without
     // `landing`.
-    int land_defer = 0;
+    LandHold land_hold;
   };
 
   // `copier` is null without a GPU; it and `registry` must outlive this.
@@ -84,7 +84,7 @@ class TcpTarget : public FrameService {
   const MemoryRegistry& registry_;
   gpu::Copier* const copier_;
   ThreadPool* const landing_;
-  const int land_defer_;
+  const LandHold land_hold_;
   std::unique_ptr<StagingPool> staging_;  // null without a GPU
   class BouncePool;
   std::shared_ptr<BouncePool> bounce_;  // checksummed writes to host memory land here first

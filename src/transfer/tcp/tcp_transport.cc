@@ -79,10 +79,10 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
   // Of `staging`'s buffers, `gpu_cap` is the most that chunks into GPU
   // memory at the target hold at once, `read_cap` the most that reads into
   // GPU memory here only do. `read_piece`: ReadPieceBytes, for reads that
-  // land inline (a null `landing`); `land_defer`: LandDeferDepth.
+  // land inline (a null `landing`); `land_hold`: LandHoldFromEnv.
   TcpEndpoint(std::shared_ptr<LaneGroup> host, std::shared_ptr<LaneGroup> gpu, gpu::Copier* copier,
               std::shared_ptr<StagingPool> staging, size_t gpu_cap, size_t read_cap,
-              ThreadPool* landing, uint64_t read_piece, int land_defer)
+              ThreadPool* landing, uint64_t read_piece, LandHold land_hold)
       : host_(std::move(host)),
         gpu_(std::move(gpu)),
         copier_(copier),
@@ -91,7 +91,7 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
         reads_here_{read_cap, 0, {}},
         landing_(landing),
         read_piece_(landing == nullptr ? read_piece : 0),
-        land_defer_(land_defer) {}
+        land_hold_(land_hold) {}
   ~TcpEndpoint() override { Close(); }
 
   void Post(std::vector<Task> tasks) override {
@@ -239,7 +239,7 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
       }
       FERRY_TRACE(trace::kStagedReadIn, reinterpret_cast<uint64_t>(t.local));
       LandStaged(self->landing_, *self->copier_, t.local, buf, t.length, t.gpu_device, eager,
-                 self->land_defer_, t.ready, [self, t, buf](const Status& s2) {
+                 self->land_hold_, t.ready, [self, t, buf](const Status& s2) {
                    self->Release(buf, self->CapFor(t));
                    t.Done(s2);
                  });
@@ -290,7 +290,7 @@ class TcpEndpoint : public Endpoint, public std::enable_shared_from_this<TcpEndp
   Cap gpu_there_, reads_here_;  // see CapFor
   ThreadPool* landing_;         // see LandStaged; null: inline
   const uint64_t read_piece_;   // a read's pieces, landing inline; 0: whole
-  const int land_defer_;        // see LandStaged
+  const LandHold land_hold_;    // see LandStaged
 };
 
 // Thread counts that grow with the machine.
@@ -329,7 +329,7 @@ class TcpTransport : public Transport {
         static_cast<size_t>(Lane::GpuWindow(ctx.options.tcp_chunks_in_flight)), kMaxQueuedReplies);
     tc.staging_buffers = std::clamp<size_t>(static_cast<size_t>(GpuLanes(o)) * per_lane, 16, 64);
     tc.landing = landing_.get();
-    tc.land_defer = land_defer_;
+    tc.land_hold = land_hold_;
     target_ = std::make_unique<TcpTarget>(tc, ctx.registry, ctx.copier);
   }
 
@@ -405,7 +405,7 @@ class TcpTransport : public Transport {
     return std::shared_ptr<Endpoint>(std::make_shared<TcpEndpoint>(
         std::move(host), std::move(gpu), ctx_.copier, std::move(staging),
         static_cast<size_t>(gpu_lanes * cfg.gpu_window), static_cast<size_t>(lane_windows),
-        ReadsLandInline() ? nullptr : landing_.get(), read_piece_, land_defer_));
+        ReadsLandInline() ? nullptr : landing_.get(), read_piece_, land_hold_));
   }
 
  private:
@@ -450,7 +450,7 @@ class TcpTransport : public Transport {
   // whose staging its jobs use.
   std::unique_ptr<ThreadPool> landing_;
   const uint64_t read_piece_ = ReadPieceBytes();  // read once an engine
-  const int land_defer_ = LandDeferDepth();       // read once an engine
+  const LandHold land_hold_ = LandHoldFromEnv();  // read once an engine
   std::mutex staging_mu_;
   std::shared_ptr<StagingPool> staging_;  // guarded by staging_mu_; see Staging
 };
