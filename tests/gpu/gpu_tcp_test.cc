@@ -399,8 +399,7 @@ INSTANTIATE_TEST_SUITE_P(Knobs, GpuCompletionKnob,
                                            "FERRY_LANDING_THREADS=2 FERRY_READ_LANDING=0",
                                            "FERRY_READ_PIECE_KIB=64", "FERRY_WRITEBACK_EAGER=1",
                                            "FERRY_WRITEBACK_TAIL_KIB=64", "FERRY_LAND_DEFER=0",
-                                           "FERRY_LAND_DEFER=4",
-                                           "FERRY_LAND_EARLY_WRITEBACK=0"));
+                                           "FERRY_LAND_DEFER=4", "FERRY_LAND_EARLY_WRITEBACK=0"));
 
 // Copier::Run: pieces added one by one all land before End reports;
 // a run on a GPU that is not there fails its Add and its End.

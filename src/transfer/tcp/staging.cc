@@ -111,8 +111,8 @@ bool WriteBackEager() {
 }
 
 void LandStaged(ThreadPool* pool, gpu::Copier& copier, void* dst, const char* buf, size_t n,
-                int device, bool written_back, LandHold hold, std::shared_ptr<gpu::ReadyEvent> ready,
-                std::function<void(const Status&)> done) {
+                int device, bool written_back, LandHold hold,
+                std::shared_ptr<gpu::ReadyEvent> ready, std::function<void(const Status&)> done) {
   if (pool == nullptr && hold.depth > 0 && !written_back) {
     const bool early_wb = hold.early_writes_back;
     held::Hold(static_cast<size_t>(hold.depth),
@@ -121,7 +121,7 @@ void LandStaged(ThreadPool* pool, gpu::Copier& copier, void* dst, const char* bu
                  // Landed early, its lines may still be in this core's caches.
                  LandStaged(nullptr, copier, dst, buf, n, device, !(early && early_wb), LandHold{},
                             std::move(ready), std::move(done));
-    });
+               });
     return;
   }
   // What is left to write back: nothing, the tail or all.

@@ -251,7 +251,8 @@ void TcpTarget::CopyThen(const Conn& c, void* dst, const void* src, size_t n, in
 // The same for a buffer just received; `pool` as for LandStaged.
 void TcpTarget::LandThen(const Conn& c, void* dst, const char* buf, size_t n, int device,
                          ThreadPool* pool, Next next) {
-  LandStaged(pool, *copier_, dst, buf, n, device, false, LandHold{}, nullptr, OnStrand(c, std::move(next)));
+  LandStaged(pool, *copier_, dst, buf, n, device, false, LandHold{}, nullptr,
+             OnStrand(c, std::move(next)));
 }
 
 TcpTarget::Next TcpTarget::OnStrand(const Conn& c, Next next) {
