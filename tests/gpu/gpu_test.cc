@@ -516,11 +516,9 @@ TEST(CudaIpc, FollowsAPeersRegistrationChangesOffTheDataPath) {
 // threads: no landing pool; landing_threads makes one.
 TEST(Gpu, NoLandingThreadsUnlessAsked) {
   SKIP_WITHOUT_GPU();
+  auto landing = [] { return static_cast<int>(test::CpusOfThreadsNamed("ferry-landing").size()); };
   for (const int threads : {0, 2}) {
     // Counted against any an earlier test's engine may have left.
-    auto landing = [] {
-      return static_cast<int>(test::CpusOfThreadsNamed("ferry-landing").size());
-    };
     const int before = landing();
     EngineOptions o;
     if (threads > 0) o.landing_threads = threads;

@@ -114,10 +114,9 @@ void LandStaged(ThreadPool* pool, gpu::Copier& copier, void* dst, const char* bu
                 int device, bool written_back, LandHold hold,
                 std::shared_ptr<gpu::ReadyEvent> ready, std::function<void(const Status&)> done) {
   if (pool == nullptr && hold.depth > 0 && !written_back) {
-    const bool early_wb = hold.early_writes_back;
     held::Hold(static_cast<size_t>(hold.depth),
-               [&copier, dst, buf, n, device, early_wb, ready = std::move(ready),
-                done = std::move(done)](bool early) mutable {
+               [&copier, dst, buf, n, device, early_wb = hold.early_writes_back,
+                ready = std::move(ready), done = std::move(done)](bool early) mutable {
                  // Landed early, its lines may still be in this core's caches.
                  LandStaged(nullptr, copier, dst, buf, n, device, !(early && early_wb), LandHold{},
                             std::move(ready), std::move(done));
@@ -154,15 +153,12 @@ void LandStaged(ThreadPool* pool, gpu::Copier& copier, void* dst, const char* bu
   pool->Post(std::move(land));
 }
 
-int LandDeferDepth() {
-  // 1: on an H100 (2026-12-07), 1 MiB x 128, reads into GPU memory here
-  // 29.67 -> 34.78 GB/s, writes into it at the target 25.05 -> 31.87, 3
-  // rounds of 3 ahead each; 2 moved reads no further (34.82).
-  return static_cast<int>(env::GetIntIn("FERRY_LAND_DEFER", 0, 4, 1));
-}
-
 LandHold LandHoldFromEnv() {
-  return {LandDeferDepth(), env::GetIntIn("FERRY_LAND_EARLY_WRITEBACK", 0, 1, 1) == 1};
+  // Depth 1: on an H100 (2026-12-07), 1 MiB x 128, reads into GPU memory
+  // here 29.67 -> 34.78 GB/s, writes into it at the target 25.05 -> 31.87,
+  // 3 rounds of 3 ahead each; 2 moved reads no further (34.82).
+  return {static_cast<int>(env::GetIntIn("FERRY_LAND_DEFER", 0, 4, 1)),
+          env::GetIntIn("FERRY_LAND_EARLY_WRITEBACK", 0, 1, 1) == 1};
 }
 
 }  // namespace ferry

@@ -90,10 +90,17 @@ uint64_t WriteBackTailBytes();
 // nothing back. A knob to compare.
 bool WriteBackEager();
 
-// How a socket thread holds its landings (LandStaged): for `depth` later
-// ones (FERRY_LAND_DEFER; 0 lands at once), and whether one landed early,
-// because its thread is about to wait, writes its lines back first
-// (FERRY_LAND_EARLY_WRITEBACK, 0 or 1, default 1). 0, which skips it on
+// How a socket thread holds its landings (LandStaged). FERRY_LAND_DEFER
+// (0 to 4; unset, 1), `depth`: where not 0, a landing on the socket thread
+// that received it (a read into GPU memory here, a write into it at a
+// target) is held on that thread until this many later ones have come,
+// then lands without the write-back: their receives have pushed its lines
+// out of the core's private caches. What a thread holds lands before it
+// waits: once a lane of it has nothing on the wire, once a target's
+// connection waits for its next frame (common/held_work.h). 0 lands at
+// once, written back. FERRY_LAND_EARLY_WRITEBACK (0 or 1, default 1),
+// `early_writes_back`: whether one landed early, because its thread is
+// about to wait, writes its lines back first. 0, which skips it on
 // the guess that a thread with nothing more to receive has no receive for
 // the DMA's reads of its dirty lines to slow, lost on an H100 (2026-12-08:
 // 1 MiB x 16 reads into GPU memory 0.668 -> 0.613 of host reads): on the
@@ -119,16 +126,5 @@ LandHold LandHoldFromEnv();
 void LandStaged(ThreadPool* pool, gpu::Copier& copier, void* dst, const char* buf, size_t n,
                 int device, bool written_back, LandHold hold,
                 std::shared_ptr<gpu::ReadyEvent> ready, std::function<void(const Status&)> done);
-
-// FERRY_LAND_DEFER (0 to 4; unset, 1): where not 0, a landing on the socket
-// thread that received it (a read into GPU memory here, a write into it at
-// a target) is held on that thread until this many later ones have come,
-// then lands without the write-back: their receives have pushed its lines
-// out of the core's private caches. What a thread holds lands, written
-// back unless LandHold says not, before it waits: once a lane of it has
-// nothing on the wire, once a target's connection waits for its next
-// frame (common/held_work.h). 0 lands at once, written back. Read by each
-// engine when it is made.
-int LandDeferDepth();
 
 }  // namespace ferry
